@@ -1,0 +1,201 @@
+// Package cniplumb is the CNI plumbing every podwire plugin shares: wiring of the six
+// verbs through skel, validation of the CNI_* environment and the network name with
+// messages that name the bad value, version negotiation and result conversion, and the
+// spec's error codes. Plugins never unmarshal stdin or print results themselves.
+package cniplumb
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"strings"
+	"syscall"
+
+	cnins "github.com/containernetworking/cni/pkg/ns"
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/version"
+	"golang.org/x/sys/unix"
+)
+
+// Version is the podwire release, set at build time with
+// -ldflags "-X github.com/podwire/podwire/pkg/cniplumb.Version=...".
+var Version = "dev"
+
+// SupportedVersions are the CNI spec versions every podwire plugin speaks.
+var SupportedVersions = []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}
+
+// Verbs are a plugin's implementations of the CNI operations. A nil Check, GC or
+// Status succeeds without doing anything; Add and Del are required.
+type Verbs struct {
+	Add    func(ctx context.Context, in *Input) (types.Result, error)
+	Del    func(ctx context.Context, in *Input) error
+	Check  func(ctx context.Context, in *Input) error
+	GC     func(ctx context.Context, in *Input) error
+	Status func(ctx context.Context, in *Input) error
+}
+
+// Main runs the plugin named name and exits. On failure it prints the CNI error as
+// JSON on stdout and exits 1; a panic becomes a code-999 error, never a Go trace on
+// stdout (the trace goes to stderr for the operator's logs).
+func Main(name string, v Verbs) {
+	if err := run(name, v, os.Getenv); err != nil {
+		if perr := err.Print(); perr != nil {
+			fmt.Fprintf(os.Stderr, "%s: writing error to stdout: %v\n", name, perr)
+		}
+		os.Exit(1)
+	}
+}
+
+func run(name string, v Verbs, env func(string) string) *types.Error {
+	cmd := env("CNI_COMMAND")
+	info := version.PluginSupports(SupportedVersions...)
+	about := fmt.Sprintf("CNI plugin %s (podwire %s)", name, Version)
+
+	switch cmd {
+	case "ADD", "DEL", "CHECK", "GC", "STATUS":
+		if err := preflightEnv(cmd, env); err != nil {
+			return toCNIError(err)
+		}
+		stdin, err := io.ReadAll(io.LimitReader(os.Stdin, maxStdin+1))
+		if err != nil {
+			return toCNIError(IOError("reading network configuration from stdin", err))
+		}
+		if len(stdin) > maxStdin {
+			return toCNIError(DecodeError("network configuration", fmt.Errorf("stdin is larger than %d bytes", maxStdin)))
+		}
+		if err := preflightConf(stdin, SupportedVersions); err != nil {
+			return toCNIError(err)
+		}
+		// skel reads stdin itself; hand it the bytes we already consumed.
+		if err := replaceStdin(stdin); err != nil {
+			return toCNIError(IOError("buffering stdin", err))
+		}
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	funcs := skel.CNIFuncs{
+		Add: wrap(ctx, name, env, func(ctx context.Context, in *Input) error {
+			if v.Add == nil {
+				return fmt.Errorf("%s does not implement ADD", name)
+			}
+			res, err := v.Add(ctx, in)
+			if err != nil {
+				return err
+			}
+			if res == nil {
+				return fmt.Errorf("%s returned no result from ADD", name)
+			}
+			if err := types.PrintResult(res, in.Conf.CNIVersion); err != nil {
+				return fmt.Errorf("converting result to cniVersion %s: %w", in.Conf.CNIVersion, err)
+			}
+			return nil
+		}),
+		Del:    wrap(ctx, name, env, orNoop(v.Del)),
+		Check:  wrap(ctx, name, env, orNoop(v.Check)),
+		GC:     wrap(ctx, name, env, orNoop(v.GC)),
+		Status: wrap(ctx, name, env, orNoop(v.Status)),
+	}
+	return skel.PluginMainFuncsWithError(funcs, info, about)
+}
+
+// maxStdin bounds the configuration we accept; real conflists with prevResult are a few
+// kilobytes.
+const maxStdin = 4 << 20
+
+func orNoop(f func(context.Context, *Input) error) func(context.Context, *Input) error {
+	if f == nil {
+		return func(context.Context, *Input) error { return nil }
+	}
+	return f
+}
+
+// wrap adapts a verb to skel: it parses the shared input, turns panics into code-999
+// errors and keeps CNI codes through %w wrapping.
+func wrap(ctx context.Context, name string, env func(string) string, f func(context.Context, *Input) error) func(*skel.CmdArgs) error {
+	return func(args *skel.CmdArgs) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				fmt.Fprintf(os.Stderr, "%s: panic: %v\n%s", name, r, debug.Stack())
+				err = types.NewError(CodeInternal, fmt.Sprintf("internal error in %s", name),
+					fmt.Sprintf("panic: %v (this is a bug in podwire; the stack trace is on stderr)", r))
+			}
+		}()
+		in, err := parseInput(env("CNI_COMMAND"), env, args.StdinData)
+		if err != nil {
+			return err
+		}
+		if err := f(ctx, in); err != nil {
+			return toCNIError(err)
+		}
+		return nil
+	}
+}
+
+// preflightEnv validates the CNI_* variables the command needs, with messages that
+// name the bad value and what is allowed.
+func preflightEnv(cmd string, env func(string) string) error {
+	perAttachment := cmd == "ADD" || cmd == "DEL" || cmd == "CHECK"
+	if env("CNI_PATH") == "" {
+		return EnvError("CNI_PATH", "CNI_PATH is not set; the runtime must pass the plugin search path")
+	}
+	if !perAttachment {
+		return nil
+	}
+	if msg := checkID("container ID", env("CNI_CONTAINERID")); msg != "" {
+		return EnvError("CNI_CONTAINERID", "%s", msg)
+	}
+	if msg := checkIfName(env("CNI_IFNAME")); msg != "" {
+		return EnvError("CNI_IFNAME", "%s", msg)
+	}
+	netns := env("CNI_NETNS")
+	if netns == "" {
+		if cmd == "DEL" {
+			return nil // the spec allows DEL without a netns
+		}
+		return EnvError("CNI_NETNS", "CNI_NETNS is not set; %s needs the path of the container's network namespace", cmd)
+	}
+	if msg := checkNetnsPath(netns); msg != "" {
+		return EnvError("CNI_NETNS", "%s", msg)
+	}
+	if cmd != "DEL" {
+		if _, err := os.Stat(netns); err != nil {
+			return EnvError("CNI_NETNS", "network namespace %q cannot be used: %v; the runtime must create it before %s", netns, err, cmd)
+		}
+	}
+	// skel makes the same check only after ADD has done its work and printed a result;
+	// refuse before touching anything.
+	if o := env("CNI_NETNS_OVERRIDE"); o != "1" && !strings.EqualFold(o, "true") {
+		if same, err := cnins.CheckNetNS(netns); err != nil {
+			return err
+		} else if same {
+			return types.NewError(types.ErrInvalidNetNS, "invalid CNI_NETNS",
+				fmt.Sprintf("%q is the plugin's own network namespace, not a container's; pass the container's namespace", netns))
+		}
+	}
+	return nil
+}
+
+// replaceStdin points os.Stdin at an in-memory copy of data.
+func replaceStdin(data []byte) error {
+	fd, err := unix.MemfdCreate("cni-stdin", unix.MFD_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("memfd_create: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "stdin")
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return fmt.Errorf("writing stdin copy: %w", err)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		f.Close()
+		return fmt.Errorf("rewinding stdin copy: %w", err)
+	}
+	os.Stdin = f
+	return nil
+}
