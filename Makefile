@@ -10,7 +10,7 @@ LDFLAGS     := -s -w -X github.com/podwire/podwire/pkg/cniplumb.Version=$(VERSIO
 # 2 cores: keep test parallelism sane.
 TEST_FLAGS  ?= -count=1 -p 2 -timeout 20m
 
-.PHONY: all build test unit-test integration-test vet install clean
+.PHONY: all build test unit-test integration-test vet install clean bench bench-quick
 
 all: build
 
@@ -38,6 +38,14 @@ vet:
 install: build
 	install -d $(DESTDIR)$(CNI_BIN_DIR)
 	for p in $(PLUGINS); do install -m 0755 $(BIN_DIR)/$$p $(DESTDIR)$(CNI_BIN_DIR)/$$p; done
+
+## bench: podwire vs the reference plugins vs a no-op floor; writes BENCHMARKS.md (~10 min)
+bench:
+	PODWIRE_BENCH=full $(GO) test -count=1 -p 1 -timeout 30m -run TestBench -v ./integration/bench/
+
+## bench-quick: a ~1 minute subset of bench
+bench-quick:
+	PODWIRE_BENCH=quick $(GO) test -count=1 -p 1 -timeout 10m -run TestBench -v ./integration/bench/
 
 clean:
 	rm -rf $(BIN_DIR)

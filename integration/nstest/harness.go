@@ -260,3 +260,7 @@ func CNIError(stdout string) (*types.Error, error) {
 	}
 	return &e, nil
 }
+
+// InHost runs f on a thread in the host netns; commands and plugins started from f
+// (on the same goroutine) run in that namespace.
+func (h *H) InHost(f func() error) error { return h.inHost(f) }
