@@ -10,7 +10,11 @@ LDFLAGS     := -s -w -X github.com/podwire/podwire/pkg/cniplumb.Version=$(VERSIO
 # 2 cores: keep test parallelism sane.
 TEST_FLAGS  ?= -count=1 -p 2 -timeout 20m
 
-.PHONY: all build test unit-test integration-test vet install clean bench bench-quick
+DIST_DIR    ?= dist
+GOARCH      ?= $(shell $(GO) env GOARCH)
+TARBALL     := podwire-$(VERSION)-linux-$(GOARCH).tgz
+
+.PHONY: all build test unit-test integration-test vet install clean bench bench-quick dist
 
 all: build
 
@@ -39,6 +43,16 @@ install: build
 	install -d $(DESTDIR)$(CNI_BIN_DIR)
 	for p in $(PLUGINS); do install -m 0755 $(BIN_DIR)/$$p $(DESTDIR)$(CNI_BIN_DIR)/$$p; done
 
+## dist: release tarball podwire-<version>-linux-<arch>.tgz, laid out like the reference
+## release archives (plugin binaries at the top level), so existing install scripts work
+dist:
+	rm -rf $(DIST_DIR)/stage && mkdir -p $(DIST_DIR)/stage
+	$(MAKE) build BIN_DIR=$(DIST_DIR)/stage
+	cp LICENSE README.md $(DIST_DIR)/stage/
+	tar -C $(DIST_DIR)/stage --owner=0 --group=0 --numeric-owner --sort=name -czf $(DIST_DIR)/$(TARBALL) .
+	rm -rf $(DIST_DIR)/stage
+	@echo $(DIST_DIR)/$(TARBALL)
+
 ## bench: podwire vs the reference plugins vs a no-op floor; writes BENCHMARKS.md (~10 min)
 bench:
 	PODWIRE_BENCH=full $(GO) test -count=1 -p 1 -timeout 30m -run TestBench -v ./integration/bench/
@@ -48,4 +62,4 @@ bench-quick:
 	PODWIRE_BENCH=quick $(GO) test -count=1 -p 1 -timeout 10m -run TestBench -v ./integration/bench/
 
 clean:
-	rm -rf $(BIN_DIR)
+	rm -rf $(BIN_DIR) $(DIST_DIR)
