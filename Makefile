@@ -14,7 +14,7 @@ DIST_DIR    ?= dist
 GOARCH      ?= $(shell $(GO) env GOARCH)
 TARBALL     := podwire-$(VERSION)-linux-$(GOARCH).tgz
 
-.PHONY: all build test unit-test integration-test vet install clean bench bench-quick dist
+.PHONY: all build test unit-test integration-test vet install clean bench bench-quick dist fuzz
 
 all: build
 
@@ -26,6 +26,12 @@ build:
 ## test: gofmt, vet, unit tests and the root-only integration tests (they skip without root)
 test: vet
 	$(GO) test $(TEST_FLAGS) ./...
+	FUZZTIME=$(FUZZTIME) bash .ci/fuzz
+
+## fuzz: every fuzz target for FUZZTIME (make fuzz FUZZTIME=1m)
+FUZZTIME ?= 3s
+fuzz:
+	FUZZTIME=$(FUZZTIME) bash .ci/fuzz
 
 unit-test:
 	$(GO) test $(TEST_FLAGS) ./pkg/... ./plugins/...
