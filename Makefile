@@ -14,7 +14,7 @@ DIST_DIR    ?= dist
 GOARCH      ?= $(shell $(GO) env GOARCH)
 TARBALL     := podwire-$(VERSION)-linux-$(GOARCH).tgz
 
-.PHONY: all build test unit-test integration-test vet install clean bench bench-quick dist fuzz
+.PHONY: all build test unit-test integration-test vet install clean bench bench-quick dist fuzz stress demo
 
 all: build
 
@@ -58,6 +58,14 @@ dist:
 	tar -C $(DIST_DIR)/stage --owner=0 --group=0 --numeric-owner --sort=name -czf $(DIST_DIR)/$(TARBALL) .
 	rm -rf $(DIST_DIR)/stage
 	@echo $(DIST_DIR)/$(TARBALL)
+
+## stress: the long reliability churn (600 attachments, SIGKILLs, GC, leak check)
+stress:
+	PODWIRE_STRESS=1 $(GO) test -count=1 -p 1 -timeout 30m -run 'TestChurn' -v ./integration/
+
+## demo: two pods through the kubenet conf-example, end to end, in a private node netns
+demo:
+	$(GO) run ./integration/demo
 
 ## bench: podwire vs the reference plugins vs a no-op floor; writes BENCHMARKS.md (~10 min)
 bench:

@@ -29,7 +29,6 @@ type H struct {
 	BinDir  string
 	DataDir string // use as host-local's dataDir
 	CNI     *libcni.CNIConfig
-	pods    []ns.NetNS
 }
 
 // RequireRoot skips the test with a clear message when not running as root.
@@ -82,13 +81,13 @@ func closeNS(t testing.TB, n ns.NetNS) {
 func (h *H) Name(suffix string) string { return h.Prefix + suffix }
 
 // NewPod creates a fresh pod netns, removed at cleanup unless DeletePod removed it.
+// It is safe to call from several goroutines.
 func (h *H) NewPod() ns.NetNS {
 	h.t.Helper()
 	p, err := testutils.NewNS()
 	if err != nil {
 		h.t.Fatalf("creating pod netns: %v", err)
 	}
-	h.pods = append(h.pods, p)
 	h.t.Cleanup(func() {
 		if _, err := os.Stat(p.Path()); err == nil {
 			closeNS(h.t, p)
@@ -264,3 +263,29 @@ func CNIError(stdout string) (*types.Error, error) {
 // InHost runs f on a thread in the host netns; commands and plugins started from f
 // (on the same goroutine) run in that namespace.
 func (h *H) InHost(f func() error) error { return h.inHost(f) }
+
+// AddWith runs ADD through another libcni client (e.g. one whose CNI_PATH holds
+// wrappers) and returns the result's addresses as strings.
+func (h *H) AddWith(c *libcni.CNIConfig, list *libcni.NetworkConfigList, rt *libcni.RuntimeConf) (*current.Result, error) {
+	var res types.Result
+	err := h.inHost(func() error {
+		cx, cancel := ctx()
+		defer cancel()
+		var err error
+		res, err = c.AddNetworkList(cx, list, rt)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return current.NewResultFromResult(res)
+}
+
+// DelWith runs DEL through another libcni client.
+func (h *H) DelWith(c *libcni.CNIConfig, list *libcni.NetworkConfigList, rt *libcni.RuntimeConf) error {
+	return h.inHost(func() error {
+		cx, cancel := ctx()
+		defer cancel()
+		return c.DelNetworkList(cx, list, rt)
+	})
+}
