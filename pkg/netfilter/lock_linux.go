@@ -1,0 +1,37 @@
+package netfilter
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// LockDir holds podwire's netfilter lock files. The lock serializes podwire's own
+// read-modify-write cycles per backend and feature (list our chain, then change it), so
+// two plugins never decide on the same stale listing; other programs are not
+// affected. It is released by the kernel when the process dies, even by SIGKILL.
+var LockDir = "/run/podwire"
+
+func lockFeature(backend string, f Feature) (unlock func(), err error) {
+	if err := os.MkdirAll(LockDir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating lock directory %s: %w", LockDir, err)
+	}
+	path := filepath.Join(LockDir, backend+"-"+f.Name+".lock")
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("opening lock %s: %w", path, err)
+	}
+	for {
+		err = unix.Flock(fd, unix.LOCK_EX)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("locking %s: %w", path, err)
+	}
+	return func() { unix.Close(fd) }, nil
+}

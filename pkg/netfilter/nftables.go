@@ -1,0 +1,191 @@
+package netfilter
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
+	"golang.org/x/sys/unix"
+)
+
+// This file renders rules as nftables expressions and reads tags back from rule
+// userdata. It is pure; the netlink side is in nftables_linux.go.
+
+// TableName is the nftables table of feature f: podwire_<name>, in the inet family
+// (bridge family for Bridge features).
+func TableName(f Feature) string { return "podwire_" + f.Name }
+
+func nftTable(f Feature) *nftables.Table {
+	fam := nftables.TableFamilyINet
+	if f.Bridge {
+		fam = nftables.TableFamilyBridge
+	}
+	return &nftables.Table{Name: TableName(f), Family: fam}
+}
+
+var nftHooks = map[string]nftables.ChainHook{
+	"prerouting":  unix.NF_INET_PRE_ROUTING,
+	"input":       unix.NF_INET_LOCAL_IN,
+	"forward":     unix.NF_INET_FORWARD,
+	"output":      unix.NF_INET_LOCAL_OUT,
+	"postrouting": unix.NF_INET_POST_ROUTING,
+}
+
+// nftChain is the base chain of hook h in table t; its name is the hook's name.
+func nftChain(t *nftables.Table, h Hook) (*nftables.Chain, error) {
+	hook, ok := nftHooks[h.Name]
+	if !ok {
+		return nil, fmt.Errorf("unknown netfilter hook %q", h.Name)
+	}
+	typ := nftables.ChainTypeFilter
+	if h.Type == "nat" {
+		typ = nftables.ChainTypeNAT
+	}
+	accept := nftables.ChainPolicyAccept
+	return &nftables.Chain{
+		Name: h.Name, Table: t, Type: typ,
+		Hooknum: nftables.ChainHookRef(hook), Priority: nftables.ChainPriorityRef(nftables.ChainPriority(h.Priority)),
+		Policy: &accept,
+	}, nil
+}
+
+// encodeTag stores t as the rule's comment, in the userdata format the nft tool
+// reads, so `nft list ruleset` shows it.
+func encodeTag(t Tag) []byte { return userdata.AppendString(nil, userdata.TypeComment, t.String()) }
+
+// decodeTag reads a tag from rule userdata.
+func decodeTag(ud []byte) (Tag, bool) {
+	s, ok := userdata.GetString(ud, userdata.TypeComment)
+	if !ok {
+		return Tag{}, false
+	}
+	return ParseTag(s)
+}
+
+func cmpOp(neg bool) expr.CmpOp {
+	if neg {
+		return expr.CmpOpNeq
+	}
+	return expr.CmpOpEq
+}
+
+func addrBytes(a netip.Addr) []byte {
+	a = a.Unmap()
+	if a.Is4() {
+		b := a.As4()
+		return b[:]
+	}
+	b := a.As16()
+	return b[:]
+}
+
+// matchPrefix loads the source or destination address and compares it with p.
+func matchPrefix(fam Family, dst bool, p netip.Prefix, neg bool) []expr.Any {
+	var off, n uint32 = 12, 4
+	if fam == IPv6 {
+		off, n = 8, 16
+	}
+	if dst {
+		off += n
+	}
+	p = p.Masked()
+	out := []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n}}
+	if p.Bits() < int(n*8) {
+		mask := net.CIDRMask(p.Bits(), int(n*8))
+		out = append(out, &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: n, Mask: mask, Xor: make([]byte, n)})
+	}
+	return append(out, &expr.Cmp{Op: cmpOp(neg), Register: 1, Data: addrBytes(p.Addr())})
+}
+
+var protoNums = map[Proto]byte{TCP: unix.IPPROTO_TCP, UDP: unix.IPPROTO_UDP, SCTP: unix.IPPROTO_SCTP}
+
+// ifnameBytes is an interface name as the kernel compares it: NUL-padded to IFNAMSIZ.
+func ifnameBytes(s string) []byte {
+	b := make([]byte, unix.IFNAMSIZ)
+	copy(b, s)
+	return b
+}
+
+// nftExprs renders r as expressions for a table of f's family.
+func nftExprs(f Feature, r Rule) ([]expr.Any, error) {
+	var e []expr.Any
+	m := r.Match
+	if !f.Bridge {
+		switch r.Family {
+		case IPv4:
+			e = append(e, &expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}})
+		case IPv6:
+			e = append(e, &expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV6}})
+		}
+	} else if m.Src.IsValid() || m.Dst.IsValid() || m.Proto != "" || m.DstLocal {
+		return nil, fmt.Errorf("rule %q: bridge-family rules match layer 2 only", r)
+	}
+	if m.InIface != "" {
+		e = append(e, &expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifnameBytes(m.InIface)})
+	}
+	if m.SrcMAC != nil {
+		e = append(e, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseLLHeader, Offset: 6, Len: 6},
+			&expr.Cmp{Op: cmpOp(m.NotSrcMAC), Register: 1, Data: []byte(m.SrcMAC)})
+	}
+	if m.Src.IsValid() {
+		e = append(e, matchPrefix(r.Family, false, m.Src, m.NotSrc)...)
+	}
+	if m.Dst.IsValid() {
+		e = append(e, matchPrefix(r.Family, true, m.Dst, m.NotDst)...)
+	}
+	if m.DstLocal {
+		e = append(e, &expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)})
+	}
+	if m.Proto != "" {
+		e = append(e, &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{protoNums[m.Proto]}})
+	}
+	if m.DstPort != 0 {
+		e = append(e, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(m.DstPort)})
+	}
+	if m.Mark != 0 {
+		mark := binaryutil.NativeEndian.PutUint32(m.Mark)
+		e = append(e, &expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mark, Xor: make([]byte, 4)},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: mark})
+	}
+	switch a := r.Action; a.Kind {
+	case Return:
+		e = append(e, &expr.Verdict{Kind: expr.VerdictReturn})
+	case Accept:
+		e = append(e, &expr.Verdict{Kind: expr.VerdictAccept})
+	case Drop:
+		e = append(e, &expr.Verdict{Kind: expr.VerdictDrop})
+	case Masquerade:
+		e = append(e, &expr.Masq{})
+	case DNAT:
+		nfproto := uint32(unix.NFPROTO_IPV4)
+		if r.Family == IPv6 {
+			nfproto = unix.NFPROTO_IPV6
+		}
+		nat := &expr.NAT{Type: expr.NATTypeDestNAT, Family: nfproto, RegAddrMin: 1}
+		e = append(e, &expr.Immediate{Register: 1, Data: addrBytes(a.Addr)})
+		if a.Port != 0 {
+			e = append(e, &expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(a.Port)})
+			nat.RegProtoMin, nat.Specified = 2, true
+		}
+		e = append(e, nat)
+	case SetMark:
+		e = append(e, &expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+				Mask: binaryutil.NativeEndian.PutUint32(^a.Mark), Xor: binaryutil.NativeEndian.PutUint32(a.Mark)},
+			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1})
+	default:
+		return nil, fmt.Errorf("rule %q: no nftables statement for action %d", r, a.Kind)
+	}
+	return e, nil
+}

@@ -1,0 +1,312 @@
+// Package netfilter is podwire's packet-filter layer, shared by bridge (ipMasq,
+// macspoofchk) and portmap. Plugins describe what an attachment needs as a Plan: plain
+// data, a list of backend-neutral Rules owned by one cniplumb.Owner. A Backend turns a
+// Plan into kernel state atomically, either through one `iptables-restore --noflush`
+// per address family (IPTables) or through one nftables netlink batch (NFTables), and
+// removes an owner's rules later without knowing their content: every rule carries its
+// owner's Tag (an iptables comment, an nftables rule comment), which is also how GC
+// finds the attachments that left rules behind.
+//
+// Each Feature owns its own objects: chains PW-<FEATURE>-<HOOK> in iptables, a table
+// podwire_<feature> in nftables. Nothing else on the node is listed or changed beyond
+// one jump from the built-in chain to the feature's chain.
+package netfilter
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+)
+
+// Family is the address family a rule applies to.
+type Family uint8
+
+const (
+	// AnyFamily is for rules that match no address (layer 2 rules of a bridge-family
+	// feature).
+	AnyFamily Family = 0
+	IPv4      Family = 4
+	IPv6      Family = 6
+)
+
+func (f Family) String() string {
+	switch f {
+	case IPv4:
+		return "ipv4"
+	case IPv6:
+		return "ipv6"
+	}
+	return "any"
+}
+
+// FamilyOf returns the family of a.
+func FamilyOf(a netip.Addr) Family {
+	if a.Unmap().Is4() {
+		return IPv4
+	}
+	return IPv6
+}
+
+// Families is a set of address families, for operations that may skip one (ip6tables
+// stays untouched when an attachment has no IPv6 address).
+type Families uint8
+
+const (
+	V4  Families = 1 << iota
+	V6  Families = 1 << iota
+	All          = V4 | V6
+)
+
+// Has reports whether f is in the set.
+func (s Families) Has(f Family) bool {
+	switch f {
+	case IPv4:
+		return s&V4 != 0
+	case IPv6:
+		return s&V6 != 0
+	}
+	return false
+}
+
+// FamiliesOf returns the families of the given addresses.
+func FamiliesOf(addrs ...netip.Addr) Families {
+	var s Families
+	for _, a := range addrs {
+		if FamilyOf(a) == IPv4 {
+			s |= V4
+		} else {
+			s |= V6
+		}
+	}
+	return s
+}
+
+// Hook is a base chain a feature hangs its rules off: a netfilter hook, a chain type
+// and a priority. In iptables it is the built-in chain of the same name in the table
+// named by Type.
+type Hook struct {
+	Name     string // prerouting, input, forward, output, postrouting
+	Type     string // nat or filter
+	Priority int32  // nftables priority
+}
+
+// The hooks features use.
+var (
+	NATPrerouting  = Hook{Name: "prerouting", Type: "nat", Priority: -100}
+	NATOutput      = Hook{Name: "output", Type: "nat", Priority: -100}
+	NATPostrouting = Hook{Name: "postrouting", Type: "nat", Priority: 100}
+	// BridgePrerouting sees every frame entering a bridge port, before any bridge
+	// decision (priority -300, as the reference spoof check uses).
+	BridgePrerouting = Hook{Name: "prerouting", Type: "filter", Priority: -300}
+)
+
+// Feature names a group of rules with its own kernel objects, so features never touch
+// each other's rules.
+type Feature struct {
+	// Name is a short lower-case word ("masq", "hostport"); it names the nftables table
+	// podwire_<name> and the iptables chains PW-<NAME>-<HOOK>.
+	Name string
+	// Hooks are the base chains the feature's rules go into.
+	Hooks []Hook
+	// Bridge puts the feature in an nftables table of the bridge family (layer 2
+	// rules). Such features have no iptables implementation.
+	Bridge bool
+}
+
+// Proto is a layer-4 protocol a rule can match.
+type Proto string
+
+const (
+	TCP  Proto = "tcp"
+	UDP  Proto = "udp"
+	SCTP Proto = "sctp"
+)
+
+// Match is the conjunction of a rule's conditions; zero fields match anything. One
+// field of each kind per rule keeps every rule expressible in iptables syntax.
+type Match struct {
+	Src, Dst       netip.Prefix // source / destination address in this prefix
+	NotSrc, NotDst bool         // negate Src / Dst
+	Proto          Proto
+	DstPort        uint16 // needs Proto
+	DstLocal       bool   // destination is an address of this host
+	Mark           uint32 // all of these mark bits are set
+	InIface        string // arriving on this interface (bridge port for Bridge features)
+	SrcMAC         net.HardwareAddr
+	NotSrcMAC      bool
+}
+
+// ActionKind is what a rule does with a matching packet.
+type ActionKind uint8
+
+const (
+	Return ActionKind = iota + 1
+	Accept
+	Drop
+	Masquerade
+	DNAT    // to Action.Addr and, when non-zero, Action.Port
+	SetMark // OR Action.Mark into the packet mark
+)
+
+var actionNames = map[ActionKind]string{Return: "return", Accept: "accept", Drop: "drop",
+	Masquerade: "masquerade", DNAT: "dnat", SetMark: "setmark"}
+
+// Action is a rule's verdict or target.
+type Action struct {
+	Kind ActionKind
+	Addr netip.Addr
+	Port uint16
+	Mark uint32
+}
+
+// Rule is one backend-neutral rule in a feature's base chain.
+type Rule struct {
+	Hook   Hook
+	Family Family
+	Match  Match
+	Action Action
+}
+
+// String renders the rule in a stable nft-like text, used in dumps, golden tests and
+// (hashed) as the rule's fingerprint in its tag.
+func (r Rule) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s/%s %s", r.Hook.Type, r.Hook.Name, r.Family)
+	m := r.Match
+	not := func(n bool) string {
+		if n {
+			return "!="
+		}
+		return "=="
+	}
+	if m.InIface != "" {
+		fmt.Fprintf(&b, " iif %s", m.InIface)
+	}
+	if m.SrcMAC != nil {
+		fmt.Fprintf(&b, " ether saddr %s %s", not(m.NotSrcMAC), m.SrcMAC)
+	}
+	if m.Src.IsValid() {
+		fmt.Fprintf(&b, " saddr %s %s", not(m.NotSrc), m.Src)
+	}
+	if m.Dst.IsValid() {
+		fmt.Fprintf(&b, " daddr %s %s", not(m.NotDst), m.Dst)
+	}
+	if m.DstLocal {
+		b.WriteString(" daddr type local")
+	}
+	if m.Proto != "" {
+		fmt.Fprintf(&b, " %s", m.Proto)
+	}
+	if m.DstPort != 0 {
+		fmt.Fprintf(&b, " dport %d", m.DstPort)
+	}
+	if m.Mark != 0 {
+		fmt.Fprintf(&b, " mark & %#x == %#x", m.Mark, m.Mark)
+	}
+	a := r.Action
+	b.WriteString(" " + actionNames[a.Kind])
+	switch a.Kind {
+	case DNAT:
+		if a.Port != 0 {
+			fmt.Fprintf(&b, " to %s", netip.AddrPortFrom(a.Addr, a.Port))
+		} else {
+			fmt.Fprintf(&b, " to %s", a.Addr)
+		}
+	case SetMark:
+		fmt.Fprintf(&b, " %#x", a.Mark)
+	}
+	return b.String()
+}
+
+// Validate reports a rule no backend could install, naming the problem.
+func (r Rule) validate(f Feature) error {
+	found := false
+	for _, h := range f.Hooks {
+		if h == r.Hook {
+			found = true
+		}
+	}
+	if !found {
+		return fmt.Errorf("rule %q: hook %s/%s is not one of feature %s's hooks", r, r.Hook.Type, r.Hook.Name, f.Name)
+	}
+	m := r.Match
+	if (m.Src.IsValid() || m.Dst.IsValid() || m.DstLocal) && r.Family == AnyFamily {
+		return fmt.Errorf("rule %q: an address match needs a family", r)
+	}
+	for _, p := range []netip.Prefix{m.Src, m.Dst} {
+		if p.IsValid() && FamilyOf(p.Addr()) != r.Family {
+			return fmt.Errorf("rule %q: address %s is not %s", r, p, r.Family)
+		}
+	}
+	if m.DstPort != 0 && m.Proto == "" {
+		return fmt.Errorf("rule %q: a port match needs a protocol", r)
+	}
+	switch m.Proto {
+	case "", TCP, UDP, SCTP:
+	default:
+		return fmt.Errorf("rule %q: unknown protocol %q", r, m.Proto)
+	}
+	if m.SrcMAC != nil && len(m.SrcMAC) != 6 {
+		return fmt.Errorf("rule %q: MAC %s is not 6 bytes", r, m.SrcMAC)
+	}
+	if len(m.InIface) > 15 {
+		return fmt.Errorf("rule %q: interface name longer than 15 bytes", r)
+	}
+	a := r.Action
+	if _, ok := actionNames[a.Kind]; !ok {
+		return fmt.Errorf("rule %q: no action", r)
+	}
+	if a.Kind == DNAT && (!a.Addr.IsValid() || FamilyOf(a.Addr) != r.Family) {
+		return fmt.Errorf("rule %q: DNAT needs a %s address", r, r.Family)
+	}
+	if (a.Kind == Masquerade || a.Kind == DNAT) && r.Hook.Type != "nat" {
+		return fmt.Errorf("rule %q: NAT actions belong in a nat hook", r)
+	}
+	return nil
+}
+
+// Plan is every rule one owner has in one feature. It is data: it can be diffed, logged
+// and golden-tested, and a Backend's Apply is the only code that installs it.
+type Plan struct {
+	Feature Feature
+	Owner   Owner
+	Rules   []Rule // in install order
+}
+
+// Families returns the address families the plan's rules use.
+func (p Plan) Families() Families {
+	var s Families
+	for _, r := range p.Rules {
+		switch r.Family {
+		case IPv4:
+			s |= V4
+		case IPv6:
+			s |= V6
+		}
+	}
+	return s
+}
+
+// Validate checks every rule; Apply calls it before touching the kernel.
+func (p Plan) Validate() error {
+	if p.Feature.Name == "" {
+		return fmt.Errorf("plan for %s has no feature", p.Owner)
+	}
+	for _, r := range p.Rules {
+		if err := r.validate(p.Feature); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// String renders the plan one rule per line.
+func (p Plan) String() string {
+	var b strings.Builder
+	for _, r := range p.Rules {
+		b.WriteString(r.String())
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
