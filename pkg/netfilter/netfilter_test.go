@@ -193,13 +193,13 @@ func TestPlanIPTables(t *testing.T) {
 	both := map[Hook]chainListing{h: parseListing(listingOf(t, chain, pa, pb))}
 
 	for _, tc := range []struct {
-		name   string
-		id     OwnerID
-		p      *Plan
-		state  map[Hook]chainListing
-		fam    Family
-		keep   bool
-		want   []string
+		name  string
+		id    OwnerID
+		p     *Plan
+		state map[Hook]chainListing
+		fam   Family
+		keep  bool
+		want  []string
 	}{
 		{name: "first rule creates chain and jump", id: IDOf(ownerA), p: &pa, state: empty, fam: IPv4, want: []string{
 			"*nat", ":" + chain + " - [0:0]", `-A POSTROUTING -m comment --comment "podwire masq" -j ` + chain,
