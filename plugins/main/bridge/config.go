@@ -1,0 +1,207 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"sort"
+	"strings"
+
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/podwire/podwire/pkg/cniplumb"
+	"github.com/podwire/podwire/pkg/netfilter"
+)
+
+const defaultBridge = "cni0"
+
+// netConf is bridge's configuration, with the reference plugin's keys.
+type netConf struct {
+	types.NetConf
+	Bridge                    string       `json:"bridge"`
+	IsGateway                 bool         `json:"isGateway"`
+	IsDefaultGateway          bool         `json:"isDefaultGateway"`
+	ForceAddress              bool         `json:"forceAddress"`
+	IPMasq                    bool         `json:"ipMasq"`
+	IPMasqBackend             *string      `json:"ipMasqBackend,omitempty"`
+	MTU                       int          `json:"mtu"`
+	HairpinMode               bool         `json:"hairpinMode"`
+	PromiscMode               bool         `json:"promiscMode"`
+	Vlan                      int          `json:"vlan"`
+	VlanTrunk                 []*vlanTrunk `json:"vlanTrunk,omitempty"`
+	PreserveDefaultVlan       bool         `json:"preserveDefaultVlan"`
+	MacSpoofChk               bool         `json:"macspoofchk,omitempty"`
+	EnableDad                 bool         `json:"enabledad,omitempty"`
+	DisableContainerInterface bool         `json:"disableContainerInterface,omitempty"`
+	PortIsolation             bool         `json:"portIsolation,omitempty"`
+
+	Args struct {
+		Cni struct {
+			Mac string `json:"mac,omitempty"`
+		} `json:"cni,omitempty"`
+	} `json:"args,omitempty"`
+	RuntimeConfig struct {
+		Mac string `json:"mac,omitempty"`
+	} `json:"runtimeConfig,omitempty"`
+}
+
+type vlanTrunk struct {
+	MinID *int `json:"minID,omitempty"`
+	MaxID *int `json:"maxID,omitempty"`
+	ID    *int `json:"id,omitempty"`
+}
+
+// conf is the validated configuration the verbs work from.
+type conf struct {
+	raw      *netConf
+	Bridge   string
+	Backend  netfilter.Kind
+	MAC      net.HardwareAddr // nil: random
+	Trunk    []int            // sorted, distinct
+	Layer3   bool             // an IPAM plugin is configured
+	IPAMType string
+}
+
+// parseConf decodes and validates everything before anything on the node changes.
+// args is CNI_ARGS. Every problem is a code-7 error naming the key.
+func parseConf(stdin []byte, args string) (*conf, error) {
+	n := &netConf{Bridge: defaultBridge}
+	if err := json.Unmarshal(stdin, n); err != nil {
+		return nil, cniplumb.DecodeError("bridge configuration", err)
+	}
+	c := &conf{raw: n, Bridge: n.Bridge, IPAMType: n.IPAM.Type, Layer3: n.IPAM.Type != ""}
+	if n.IsDefaultGateway {
+		n.IsGateway = true
+	}
+	if msg := checkIfName(n.Bridge); msg != "" {
+		return nil, cniplumb.ConfigError("bridge", "bridge name %q %s", n.Bridge, msg)
+	}
+	if n.MTU < 0 || n.MTU > 65535 {
+		return nil, cniplumb.ConfigError("mtu", "mtu %d is out of range; use 68-65535, or 0 for the kernel default", n.MTU)
+	}
+	if n.MTU > 0 && n.MTU < 68 {
+		return nil, cniplumb.ConfigError("mtu", "mtu %d is below IPv4's minimum of 68", n.MTU)
+	}
+	if n.Vlan < 0 || n.Vlan > 4094 {
+		return nil, cniplumb.ConfigError("vlan", "invalid VLAN ID %d (must be between 0 and 4094)", n.Vlan)
+	}
+	if n.IsGateway && n.Vlan != 0 {
+		if gw := vlanGatewayName(n.Bridge, n.Vlan); len(gw) > 15 {
+			return nil, cniplumb.ConfigError("bridge", "with vlan %d and isGateway the gateway interface would be named %q, longer than Linux's 15 bytes; use a bridge name of at most %d bytes", n.Vlan, gw, 15-(len(gw)-len(n.Bridge)))
+		}
+	}
+	var err error
+	if c.Trunk, err = collectTrunk(n.VlanTrunk); err != nil {
+		return nil, err
+	}
+	if n.HairpinMode && n.PromiscMode {
+		return nil, cniplumb.ConfigError("hairpinMode", "cannot set hairpin mode and promiscuous mode at the same time; choose one")
+	}
+	if c.Layer3 && n.DisableContainerInterface {
+		return nil, cniplumb.ConfigError("disableContainerInterface", "cannot use IPAM when disableContainerInterface is set; drop \"ipam\" or the flag")
+	}
+	if n.IPMasqBackend != nil {
+		if c.Backend, err = netfilter.ParseKind("ipMasqBackend", *n.IPMasqBackend); err != nil {
+			return nil, err
+		}
+	}
+	if c.MAC, err = pickMAC(n, args); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// pickMAC applies the reference's precedence: CNI_ARGS MAC=, then args.cni.mac, then
+// the "mac" capability (runtimeConfig.mac) wins.
+func pickMAC(n *netConf, args string) (net.HardwareAddr, error) {
+	key, mac := "", ""
+	if args != "" {
+		kv, err := cniplumb.ParseArgs(args)
+		if err != nil {
+			return nil, err
+		}
+		for k, v := range kv {
+			if strings.EqualFold(k, "MAC") && v != "" {
+				key, mac = "CNI_ARGS MAC", v
+			}
+		}
+	}
+	if n.Args.Cni.Mac != "" {
+		key, mac = "args.cni.mac", n.Args.Cni.Mac
+	}
+	if n.RuntimeConfig.Mac != "" {
+		key, mac = "runtimeConfig.mac", n.RuntimeConfig.Mac
+	}
+	if mac == "" {
+		return nil, nil
+	}
+	hw, err := net.ParseMAC(mac)
+	if err != nil || len(hw) != 6 {
+		return nil, cniplumb.ConfigError(key, "%q is not a MAC address; use six colon-separated hex bytes such as 02:42:0a:00:00:05", mac)
+	}
+	return hw, nil
+}
+
+func collectTrunk(items []*vlanTrunk) ([]int, error) {
+	set := map[int]bool{}
+	for i, it := range items {
+		if it == nil {
+			continue
+		}
+		key := fmt.Sprintf("vlanTrunk[%d]", i)
+		switch {
+		case it.MinID != nil && it.MaxID != nil:
+			lo, hi := *it.MinID, *it.MaxID
+			if lo <= 0 || lo > 4094 {
+				return nil, cniplumb.ConfigError(key+".minID", "incorrect trunk minID parameter %d; use 1-4094", lo)
+			}
+			if hi <= 0 || hi > 4094 {
+				return nil, cniplumb.ConfigError(key+".maxID", "incorrect trunk maxID parameter %d; use 1-4094", hi)
+			}
+			if hi < lo {
+				return nil, cniplumb.ConfigError(key, "minID %d is greater than maxID %d in trunk parameter", lo, hi)
+			}
+			for v := lo; v <= hi; v++ {
+				set[v] = true
+			}
+		case it.MinID == nil && it.MaxID != nil:
+			return nil, cniplumb.ConfigError(key, "minID and maxID should be configured simultaneously, minID is missing")
+		case it.MinID != nil && it.MaxID == nil:
+			return nil, cniplumb.ConfigError(key, "minID and maxID should be configured simultaneously, maxID is missing")
+		}
+		if it.ID != nil {
+			if *it.ID <= 0 || *it.ID > 4094 {
+				return nil, cniplumb.ConfigError(key+".id", "incorrect trunk id parameter %d; use 1-4094", *it.ID)
+			}
+			set[*it.ID] = true
+		}
+	}
+	if len(set) == 0 {
+		return nil, nil
+	}
+	out := make([]int, 0, len(set))
+	for v := range set {
+		out = append(out, v)
+	}
+	sort.Ints(out)
+	return out, nil
+}
+
+// checkIfName returns why s cannot be a Linux interface name, or "".
+func checkIfName(s string) string {
+	switch {
+	case s == "":
+		return "is empty"
+	case len(s) > 15:
+		return fmt.Sprintf("is %d bytes long; Linux allows at most 15", len(s))
+	case s == "." || s == "..":
+		return "is not allowed"
+	case strings.ContainsAny(s, "/: \t\n\x00"):
+		return "contains '/', ':' or whitespace"
+	}
+	return ""
+}
+
+// vlanGatewayName is the host interface carrying the gateway address of a VLAN, as
+// the reference names it.
+func vlanGatewayName(bridge string, vlan int) string { return fmt.Sprintf("%s.%d", bridge, vlan) }

@@ -1,0 +1,288 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/containernetworking/cni/pkg/invoke"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+
+	"github.com/podwire/podwire/pkg/cniplumb"
+	"github.com/podwire/podwire/pkg/link"
+	"github.com/podwire/podwire/pkg/netfilter"
+)
+
+// del removes the pod's veth, its masquerade and spoof-check rules and its lease. Every
+// step runs even when an earlier one failed, and what is already gone is success. A
+// vanished netns still gets its rules and lease removed: rules are found by owner, so
+// no address is needed (the reference skips its rule cleanup then and leaks chains).
+func del(ctx context.Context, in *cniplumb.Input) error {
+	c, err := parseConf(in.Stdin, in.Args)
+	if err != nil {
+		return err
+	}
+	owner := in.Owner()
+	var errs []error
+	if in.Netns != "" {
+		err := ns.WithNetNSPath(in.Netns, func(ns.NetNS) error { return link.DeleteByName(in.IfName) })
+		var gone ns.NSPathNotExistErr
+		if err != nil && !errors.As(err, &gone) {
+			errs = append(errs, fmt.Errorf("deleting %s in %s: %w", in.IfName, in.Netns, err))
+		}
+	}
+	if c.raw.IPMasq && c.Layer3 {
+		// ip6tables is left alone when prevResult shows the pod had no IPv6 address.
+		fams := netfilter.All
+		if in.PrevResult != nil && len(in.PrevResult.IPs) > 0 {
+			fams = 0
+			for _, ip := range in.PrevResult.IPs {
+				if ip.Address.IP.To4() != nil {
+					fams |= netfilter.V4
+				} else {
+					fams |= netfilter.V6
+				}
+			}
+		}
+		fw, _, err := netfilter.Open(c.Backend)
+		if err == nil {
+			err = fw.Remove(ctx, netfilter.MasqFeature, netfilter.IDOf(owner), fams)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("removing ipMasq rules of %s: %w", owner, err))
+		}
+	}
+	if c.raw.MacSpoofChk {
+		if err := netfilter.NewNFTables().Remove(ctx, netfilter.MacSpoofFeature, netfilter.IDOf(owner), netfilter.All); err != nil {
+			errs = append(errs, fmt.Errorf("removing macspoofchk rules of %s: %w", owner, err))
+		}
+	}
+	if c.Layer3 {
+		if err := invoke.DelegateDel(ctx, c.IPAMType, in.Stdin, nil); err != nil {
+			errs = append(errs, fmt.Errorf("IPAM plugin %q: %w", c.IPAMType, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// check verifies what ADD made against prevResult: the bridge, the pod interface with
+// its addresses and routes, the host veth as its peer on the bridge, and the rules.
+func check(ctx context.Context, in *cniplumb.Input) error {
+	c, err := parseConf(in.Stdin, in.Args)
+	if err != nil {
+		return err
+	}
+	prev, err := in.RequirePrevResult()
+	if err != nil {
+		return err
+	}
+	if c.Layer3 {
+		if err := invoke.DelegateCheck(ctx, c.IPAMType, in.Stdin, nil); err != nil {
+			return fmt.Errorf("IPAM plugin %q: %w", c.IPAMType, err)
+		}
+	}
+	var brIf, podIf *current.Interface
+	var hostIfs []*current.Interface
+	for _, i := range prev.Interfaces {
+		switch {
+		case i.Sandbox == "" && i.Name == c.Bridge:
+			brIf = i
+		case i.Sandbox != "" && i.Name == in.IfName:
+			podIf = i
+		case i.Sandbox == "":
+			hostIfs = append(hostIfs, i)
+		}
+	}
+	if brIf == nil || podIf == nil {
+		return fmt.Errorf("prevResult lacks the bridge %q or the pod interface %q; run DEL and ADD again", c.Bridge, in.IfName)
+	}
+	if podIf.Sandbox != in.Netns {
+		return fmt.Errorf("prevResult puts %s in %s, not in CNI_NETNS %s", in.IfName, podIf.Sandbox, in.Netns)
+	}
+	bl, err := netlink.LinkByName(c.Bridge)
+	if err != nil {
+		return fmt.Errorf("bridge %s: %w", c.Bridge, err)
+	}
+	br, ok := bl.(*netlink.Bridge)
+	if !ok {
+		return fmt.Errorf("%s is a %s, not a bridge", c.Bridge, bl.Type())
+	}
+	if (br.Promisc != 0) != c.raw.PromiscMode {
+		return fmt.Errorf("bridge %s promiscuous mode is %v, configured %v", c.Bridge, br.Promisc != 0, c.raw.PromiscMode)
+	}
+
+	var pod netlink.Link
+	err = ns.WithNetNSPath(in.Netns, func(ns.NetNS) error {
+		if pod, err = netlink.LinkByName(in.IfName); err != nil {
+			return fmt.Errorf("pod interface %s: %w", in.IfName, err)
+		}
+		if _, ok := pod.(*netlink.Veth); !ok {
+			return fmt.Errorf("pod interface %s is a %s, not a veth", in.IfName, pod.Type())
+		}
+		if podIf.Mac != "" && podIf.Mac != pod.Attrs().HardwareAddr.String() {
+			return fmt.Errorf("pod interface %s has MAC %s, prevResult says %s", in.IfName, pod.Attrs().HardwareAddr, podIf.Mac)
+		}
+		return checkAddrsRoutes(pod, prev, podIndexIn(prev, podIf))
+	})
+	if err != nil {
+		return err
+	}
+	// The host end: the veth whose peer is the pod interface, enslaved to the bridge.
+	found := false
+	for _, h := range hostIfs {
+		l, err := netlink.LinkByName(h.Name)
+		if err != nil {
+			continue
+		}
+		if _, ok := l.(*netlink.Veth); !ok || l.Attrs().Index != pod.Attrs().ParentIndex {
+			continue
+		}
+		if l.Attrs().MasterIndex != br.Index {
+			return fmt.Errorf("host veth %s is not on bridge %s; run DEL and ADD again", h.Name, c.Bridge)
+		}
+		found = true
+	}
+	if !found {
+		return fmt.Errorf("no host veth in prevResult is the peer of %s on bridge %s", in.IfName, c.Bridge)
+	}
+	if c.raw.IPMasq && c.Layer3 {
+		ap, err := planAddresses(c, in.Owner(), &current.Result{IPs: prev.IPs})
+		if err != nil {
+			return err
+		}
+		fw, _, err := netfilter.Open(c.Backend)
+		if err != nil {
+			return err
+		}
+		if err := fw.Check(ctx, *ap.Masq); err != nil {
+			return fmt.Errorf("ipMasq rules: %w", err)
+		}
+	}
+	if c.raw.MacSpoofChk {
+		mac, _ := net.ParseMAC(podIf.Mac)
+		var hostName string
+		for _, h := range hostIfs {
+			if h.Name != c.Bridge {
+				hostName = h.Name
+				break
+			}
+		}
+		if err := netfilter.NewNFTables().Check(ctx, netfilter.PlanMacSpoof(in.Owner(), hostName, mac)); err != nil {
+			return fmt.Errorf("macspoofchk rules: %w", err)
+		}
+	}
+	return nil
+}
+
+func podIndexIn(r *current.Result, podIf *current.Interface) int {
+	for i, x := range r.Interfaces {
+		if x == podIf {
+			return i
+		}
+	}
+	return -1
+}
+
+// checkAddrsRoutes runs in the pod's namespace.
+func checkAddrsRoutes(pod netlink.Link, prev *current.Result, podIdx int) error {
+	addrs, err := netlink.AddrList(pod, netlink.FAMILY_ALL)
+	if err != nil {
+		return fmt.Errorf("listing addresses of %s: %w", pod.Attrs().Name, err)
+	}
+	for _, ip := range prev.IPs {
+		if ip.Interface != nil && *ip.Interface != podIdx {
+			continue
+		}
+		ok := false
+		for _, a := range addrs {
+			if a.IPNet.String() == ip.Address.String() {
+				ok = true
+			}
+		}
+		if !ok {
+			return fmt.Errorf("address %s is missing from %s", ip.Address.String(), pod.Attrs().Name)
+		}
+	}
+	for _, r := range prev.Routes {
+		dst := r.Dst
+		routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Dst: &dst, Table: 0}, netlink.RT_FILTER_DST)
+		if err != nil {
+			return fmt.Errorf("listing routes to %s: %w", dst.String(), err)
+		}
+		ok := false
+		for _, rt := range routes {
+			if r.GW == nil || rt.Gw.Equal(r.GW) {
+				ok = true
+			}
+		}
+		if !ok {
+			return fmt.Errorf("route to %s via %v is missing in the pod", dst.String(), r.GW)
+		}
+	}
+	return nil
+}
+
+// gc forwards to the IPAM plugin, then removes the ipMasq and macspoofchk rules of this
+// network's attachments that are not in cni.dev/valid-attachments, in every backend the
+// node offers (a node may have switched ipMasqBackend).
+func gc(ctx context.Context, in *cniplumb.Input) error {
+	c, err := parseConf(in.Stdin, in.Args)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	if c.Layer3 {
+		if err := invoke.DelegateGC(ctx, c.IPAMType, in.Stdin, nil); err != nil {
+			errs = append(errs, fmt.Errorf("IPAM plugin %q: %w", c.IPAMType, err))
+		}
+	}
+	probe := netfilter.ProbeHost()
+	type sweep struct {
+		b netfilter.Backend
+		f netfilter.Feature
+	}
+	var sweeps []sweep
+	if probe.NFTables {
+		nft := netfilter.NewNFTables()
+		sweeps = append(sweeps, sweep{nft, netfilter.MasqFeature}, sweep{nft, netfilter.MacSpoofFeature})
+	}
+	if probe.IPTables {
+		sweeps = append(sweeps, sweep{netfilter.NewIPTables(), netfilter.MasqFeature})
+	}
+	for _, s := range sweeps {
+		tags, err := s.b.Tags(ctx, s.f)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("listing %s rules: %w", s.f.Name, err))
+			continue
+		}
+		for _, t := range netfilter.Stale(tags, in.Conf.Name, in.ValidAttachments) {
+			if err := s.b.Remove(ctx, s.f, t.ID, netfilter.All); err != nil {
+				errs = append(errs, fmt.Errorf("removing stale %s rules: %w", s.f.Name, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// status forwards to the IPAM plugin and reports a configured ipMasq backend the node
+// cannot run (code 50).
+func status(ctx context.Context, in *cniplumb.Input) error {
+	c, err := parseConf(in.Stdin, in.Args)
+	if err != nil {
+		return err
+	}
+	if c.raw.IPMasq && c.Layer3 {
+		if _, _, err := netfilter.Open(c.Backend); err != nil {
+			return err
+		}
+	}
+	if c.Layer3 {
+		if err := invoke.DelegateStatus(ctx, c.IPAMType, in.Stdin, nil); err != nil {
+			return fmt.Errorf("IPAM plugin %q: %w", c.IPAMType, err)
+		}
+	}
+	return nil
+}
