@@ -1,0 +1,360 @@
+package disk
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/podwire/podwire/pkg/ipam"
+)
+
+const (
+	stateName  = "state"
+	ownersName = "owners"
+	tmpName    = "lease.tmp"
+	probeName  = "probe.tmp"
+)
+
+// state is what the index knew about the lease directory at its last commit. When
+// the directory no longer matches it, something other than podwire (the reference
+// host-local, a person) changed the leases and the index is rebuilt.
+type state struct {
+	Version  int               `json:"version"`
+	Boot     string            `json:"boot"`
+	DirMtime int64             `json:"dirMtimeNs"`
+	Last     map[string]string `json:"lastReserved"` // "<set>" -> last_reserved_ip.<set> content
+}
+
+// record is one attachment's entry in the index: owners/<hash>.
+type record struct {
+	ContainerID string     `json:"containerID"`
+	IfName      string     `json:"ifName"`
+	Leases      []recLease `json:"leases"`
+}
+
+type recLease struct {
+	IP string `json:"ip"`
+	// Ino and MtimeNs identify the lease file this entry was made for. A lease file
+	// re-created by someone else has another identity, so a boot recorded for the old
+	// file never applies to the new one.
+	Ino     uint64 `json:"ino"`
+	MtimeNs int64  `json:"mtimeNs"`
+	// Boot is the boot ID during which podwire wrote or first saw the lease file.
+	Boot string `json:"boot"`
+}
+
+type ident struct {
+	ino   uint64
+	mtime int64
+}
+
+func identOf(st *unix.Stat_t) ident {
+	return ident{ino: st.Ino, mtime: st.Mtim.Nano()}
+}
+
+func (r *record) owner() ipam.Owner { return ipam.Owner{ContainerID: r.ContainerID, IfName: r.IfName} }
+
+func (r *record) find(ip string) int {
+	for i := range r.Leases {
+		if r.Leases[i].IP == ip {
+			return i
+		}
+	}
+	return -1
+}
+
+func (r *record) drop(ip string) bool {
+	if i := r.find(ip); i >= 0 {
+		r.Leases = append(r.Leases[:i], r.Leases[i+1:]...)
+		return true
+	}
+	return false
+}
+
+// ownerKey names an attachment's index file. The IDs are hashed because a container
+// ID may be long and the index must not depend on what characters runtimes use.
+func ownerKey(o ipam.Owner) string {
+	sum := sha256.Sum256([]byte(o.ContainerID + "\x00" + o.IfName))
+	return hex.EncodeToString(sum[:20])
+}
+
+// leaseContent is exactly what the reference writes into a lease file.
+func leaseContent(o ipam.Owner) string {
+	return strings.TrimSpace(o.ContainerID) + lineBreak + o.IfName
+}
+
+// parseLease reads a lease file's content as the reference does (surrounding
+// whitespace ignored). A file without a line break is a legacy lease (container ID
+// only); an empty one has no owner.
+func parseLease(b []byte) (ipam.Owner, bool) {
+	s := strings.TrimSpace(string(b))
+	if s == "" {
+		return ipam.Owner{}, false
+	}
+	id, ifname, ok := strings.Cut(s, lineBreak)
+	if !ok {
+		return ipam.Owner{ContainerID: s}, true
+	}
+	return ipam.Owner{ContainerID: id, IfName: ifname}, true
+}
+
+// leaseIP returns the address a directory entry is a lease for, or nil when the name
+// is not one the reference would write (lock, last_reserved_ip.*, .podwire, ...).
+func leaseIP(name string) net.IP {
+	ip := net.ParseIP(name)
+	if ip == nil || ip.String() != name {
+		return nil
+	}
+	if v4 := ip.To4(); v4 != nil {
+		return v4
+	}
+	return ip
+}
+
+// begin brings the index up to date. It is rebuilt from the lease files when there is
+// no index yet, the node has rebooted since the last commit (a power cut may have
+// lost index writes), or the lease directory changed behind podwire's back: its mtime
+// differs (a lease file was created or removed) or a last_reserved_ip file differs
+// (the reference rewrites one on every reservation, which catches even a change within
+// the same mtime tick).
+func (t *tx) begin() error {
+	s := t.s
+	b, err := os.ReadFile(filepath.Join(s.side, stateName))
+	if errors.Is(err, fs.ErrNotExist) {
+		for _, d := range []string{s.side, filepath.Join(s.side, ownersName)} {
+			if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+				return ioError("creating the lease index "+d, err)
+			}
+		}
+	} else if err != nil {
+		return ioError("reading the lease index", err)
+	}
+	// A crashed call may have left its temporary lease; it is no lease.
+	if err := unix.Unlink(filepath.Join(s.side, tmpName)); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EROFS) {
+		return ioError("removing a stale temporary lease", err)
+	}
+	var st state
+	fresh := err == nil && json.Unmarshal(b, &st) == nil && st.Version == 1 && st.Boot == s.boot
+	if fresh {
+		mt, err := t.dirMtime()
+		if err != nil {
+			return err
+		}
+		fresh = mt == st.DirMtime
+	}
+	if fresh {
+		for set, want := range st.Last {
+			got, err := os.ReadFile(filepath.Join(s.dir, lastIPPrefix+set))
+			if err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return ioError("reading "+lastIPPrefix+set, err)
+			}
+			if string(got) != want {
+				fresh = false
+				break
+			}
+		}
+	}
+	if fresh {
+		t.last = st.Last
+		return nil
+	}
+	return t.rebuild()
+}
+
+func (t *tx) dirMtime() (int64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(t.s.dir, &st); err != nil {
+		return 0, ioError("reading the lease directory "+t.s.dir, err)
+	}
+	return st.Mtim.Nano(), nil
+}
+
+// rebuild makes the index match the lease files: one full read of the directory.
+// Entries that still describe the same lease file keep their boot ID; leases podwire
+// had not seen get the current boot (they cannot be proven older).
+func (t *tx) rebuild() error {
+	s := t.s
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return ioError("listing the lease directory "+s.dir, err)
+	}
+	scanned := map[string]*record{}
+	t.last = map[string]string{}
+	for _, e := range entries {
+		name := e.Name()
+		if set, ok := strings.CutPrefix(name, lastIPPrefix); ok {
+			b, err := os.ReadFile(filepath.Join(s.dir, name))
+			if err == nil {
+				t.last[set] = string(b)
+			}
+			continue
+		}
+		ip := leaseIP(name)
+		if ip == nil || !e.Type().IsRegular() {
+			continue
+		}
+		b, id, err := t.readLease(name)
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				continue
+			}
+			return err
+		}
+		o, ok := parseLease(b)
+		if !ok {
+			continue // empty: broken, not in the index
+		}
+		k := ownerKey(o)
+		r := scanned[k]
+		if r == nil {
+			r = &record{ContainerID: o.ContainerID, IfName: o.IfName}
+			scanned[k] = r
+		}
+		r.Leases = append(r.Leases, recLease{IP: name, Ino: id.ino, MtimeNs: id.mtime, Boot: s.boot})
+	}
+
+	owners := filepath.Join(s.side, ownersName)
+	existing, err := os.ReadDir(owners)
+	if err != nil {
+		return ioError("listing the lease index", err)
+	}
+	for _, e := range existing {
+		k := e.Name()
+		if strings.HasPrefix(k, ".") {
+			_ = os.Remove(filepath.Join(owners, k)) // a crashed index write
+			continue
+		}
+		old := t.readRecord(k)
+		r := scanned[k]
+		if r == nil {
+			if err := os.Remove(filepath.Join(owners, k)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return ioError("removing a stale index entry", err)
+			}
+			continue
+		}
+		delete(scanned, k)
+		if old != nil && old.owner() == r.owner() {
+			for i := range r.Leases {
+				if j := old.find(r.Leases[i].IP); j >= 0 && old.Leases[j].Ino == r.Leases[i].Ino && old.Leases[j].MtimeNs == r.Leases[i].MtimeNs {
+					r.Leases[i].Boot = old.Leases[j].Boot
+				}
+			}
+			if recordsEqual(old, r) {
+				t.recs[k] = old
+				continue
+			}
+		}
+		if err := t.writeRecord(k, r); err != nil {
+			return err
+		}
+	}
+	for k, r := range scanned {
+		if err := t.writeRecord(k, r); err != nil {
+			return err
+		}
+	}
+	t.stateDirty = true
+	return nil
+}
+
+func recordsEqual(a, b *record) bool {
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	return string(ja) == string(jb)
+}
+
+// commit removes the temporary lease and, when the lease directory changed, records
+// its new state. If anything here fails the state stays old, so the next call
+// rebuilds the index instead of trusting it.
+func (t *tx) commit() error {
+	t.abort()
+	if !t.stateDirty && !t.changedDir {
+		return nil
+	}
+	mt, err := t.dirMtime()
+	if err != nil {
+		return err
+	}
+	b, _ := json.Marshal(state{Version: 1, Boot: t.s.boot, DirMtime: mt, Last: t.last})
+	return t.replaceFile(filepath.Join(t.s.side, stateName), b, "saving the lease index state")
+}
+
+// abort removes the temporary lease, if any.
+func (t *tx) abort() {
+	if t.tmpReady {
+		_ = unix.Unlink(filepath.Join(t.s.side, tmpName))
+		t.tmpReady = false
+	}
+}
+
+// record returns o's index entry, read once per transaction; nil when it has none.
+func (t *tx) record(o ipam.Owner) *record {
+	k := ownerKey(o)
+	r, ok := t.recs[k]
+	if !ok {
+		r = t.readRecord(k)
+		if r != nil && r.owner() != o {
+			r = nil // a hash collision or a damaged file: treat as absent
+		}
+		t.recs[k] = r
+	}
+	return r
+}
+
+// readRecord reads owners/<k>; a missing or unparseable file is nil (the index is a
+// cache, and the lease files are verified anyway).
+func (t *tx) readRecord(k string) *record {
+	b, err := os.ReadFile(filepath.Join(t.s.side, ownersName, k))
+	if err != nil {
+		return nil
+	}
+	var r record
+	if json.Unmarshal(b, &r) != nil {
+		return nil
+	}
+	return &r
+}
+
+// saveRecord writes r (or removes its file when it has no lease left).
+func (t *tx) saveRecord(r *record) error {
+	k := ownerKey(r.owner())
+	t.recs[k] = r
+	if len(r.Leases) == 0 {
+		t.recs[k] = nil
+		if err := os.Remove(filepath.Join(t.s.side, ownersName, k)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return ioError("removing the index entry of "+r.owner().String(), err)
+		}
+		return nil
+	}
+	return t.writeRecord(k, r)
+}
+
+func (t *tx) writeRecord(k string, r *record) error {
+	t.recs[k] = r
+	b, _ := json.Marshal(r)
+	return t.replaceFile(filepath.Join(t.s.side, ownersName, k), b, "saving the index entry of "+r.owner().String())
+}
+
+// replaceFile atomically replaces path with data (temporary file and rename in the
+// same directory). Index files are not fsync'ed: after a power cut the boot ID changes
+// and the index is rebuilt from the lease files, which are.
+func (t *tx) replaceFile(path string, data []byte, what string) error {
+	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp")
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		_ = os.Remove(tmp)
+		return ioError(what, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		_ = os.Remove(tmp)
+		return ioError(what, err)
+	}
+	return nil
+}

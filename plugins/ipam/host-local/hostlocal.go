@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/podwire/podwire/pkg/cniplumb"
+	"github.com/podwire/podwire/pkg/ipam"
+	"github.com/podwire/podwire/pkg/ipam/disk"
+)
+
+func owner(in *cniplumb.Input) ipam.Owner {
+	return ipam.Owner{ContainerID: in.ContainerID, IfName: in.IfName}
+}
+
+// add leases one address from each range set and returns them with the configured
+// routes and DNS.
+func add(ctx context.Context, in *cniplumb.Input) (types.Result, error) {
+	conf, err := ipam.ParseConf(in.Stdin, in.Args)
+	if err != nil {
+		return nil, err
+	}
+	res := &current.Result{CNIVersion: current.ImplementedSpecVersion, Routes: conf.Routes}
+	if conf.ResolvConf != "" {
+		if res.DNS, err = readResolvConf(conf.ResolvConf); err != nil {
+			return nil, err
+		}
+	}
+	st, err := disk.Open(conf.DataDir, conf.Network, disk.Options{})
+	if err != nil {
+		return nil, err
+	}
+	allocs, err := ipam.Allocate(ctx, st, conf, owner(in))
+	if err != nil {
+		return nil, fmt.Errorf("leasing addresses for %s in network %s: %w", owner(in), conf.Network, err)
+	}
+	for _, a := range allocs {
+		res.IPs = append(res.IPs, &current.IPConfig{Address: a.Address, Gateway: a.Gateway})
+	}
+	return res, nil
+}
+
+// del releases the attachment's leases. It needs only the data dir, so it works even
+// when the ranges were changed or broken after ADD; no lease is success.
+func del(ctx context.Context, in *cniplumb.Input) error {
+	sc, err := ipam.ParseStoreConf(in.Stdin)
+	if err != nil {
+		return err
+	}
+	st, err := disk.Open(sc.DataDir, sc.Network, disk.Options{})
+	if err != nil {
+		return err
+	}
+	if !st.Exists() {
+		return nil
+	}
+	if err := ipam.Release(ctx, st, owner(in)); err != nil {
+		return fmt.Errorf("releasing the leases of %s in network %s: %w", owner(in), sc.Network, err)
+	}
+	return nil
+}
+
+// check verifies the attachment's leases exist and match prevResult's addresses.
+func check(ctx context.Context, in *cniplumb.Input) error {
+	conf, err := ipam.ParseConf(in.Stdin, in.Args)
+	if err != nil {
+		return err
+	}
+	st, err := disk.Open(conf.DataDir, conf.Network, disk.Options{})
+	if err != nil {
+		return err
+	}
+	if !st.Exists() {
+		return types.NewError(types.ErrUnknownContainer, "no lease",
+			fmt.Sprintf("network %s has no leases in %s; ADD the attachment again", conf.Network, st.Dir()))
+	}
+	var prev []net.IP
+	if in.PrevResult != nil {
+		prev = []net.IP{}
+		for _, ip := range in.PrevResult.IPs {
+			prev = append(prev, ip.Address.IP)
+		}
+	}
+	return ipam.Check(ctx, st, conf, owner(in), prev)
+}
+
+// gc releases the leases of every attachment not in cni.dev/valid-attachments.
+func gc(ctx context.Context, in *cniplumb.Input) error {
+	sc, err := ipam.ParseStoreConf(in.Stdin)
+	if err != nil {
+		return err
+	}
+	st, err := disk.Open(sc.DataDir, sc.Network, disk.Options{})
+	if err != nil {
+		return err
+	}
+	if !st.Exists() {
+		return nil
+	}
+	var valid []ipam.Owner
+	for o := range in.ValidAttachments {
+		valid = append(valid, ipam.Owner{ContainerID: o.ContainerID, IfName: o.IfName})
+	}
+	if err := ipam.GC(ctx, st, valid); err != nil {
+		return fmt.Errorf("garbage-collecting leases of network %s: %w", sc.Network, err)
+	}
+	return nil
+}
+
+// status fails with code 50 when a range set is exhausted or the lease directory is
+// not writable.
+func status(ctx context.Context, in *cniplumb.Input) error {
+	conf, err := ipam.ParseConf(in.Stdin, "")
+	if err != nil {
+		return err
+	}
+	st, err := disk.Open(conf.DataDir, conf.Network, disk.Options{})
+	if err != nil {
+		return err
+	}
+	if err := ipam.Status(ctx, st, conf); err != nil {
+		if cniplumb.Code(err) == cniplumb.CodeNotAvailable {
+			return err
+		}
+		return cniplumb.NotAvailable("the lease store of network %s cannot be used: %v", conf.Network, err)
+	}
+	return nil
+}
