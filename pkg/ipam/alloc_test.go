@@ -22,7 +22,7 @@ import (
 // testStore is a Store plus the test hooks both implementations support.
 type testStore interface {
 	ipam.Store
-	reboot(boot string) // the node rebooted
+	reboot(boot string)  // the node rebooted
 	putBroken(ip string) // an empty lease file left by a crashed writer, minutes ago
 }
 
