@@ -132,7 +132,9 @@ func sortedKeys(m map[string]bool) []string {
 }
 
 var (
-	ifindexRe  = regexp.MustCompile(`^\d+: `)
+	ifindexRe = regexp.MustCompile(`^\d+: `)
+	// Bridge timers count down on their own; they are not state anyone set.
+	brTimerRe  = regexp.MustCompile(`(hello_timer|tcn_timer|topology_change_timer|gc_timer)\s+[\d.]+`)
 	lifetimeRe = regexp.MustCompile(`\\\s+valid_lft.*$`)
 )
 
@@ -140,7 +142,7 @@ var (
 func normLinks(s string) string {
 	var out []string
 	for _, l := range strings.Split(strings.TrimSpace(s), "\n") {
-		out = append(out, ifindexRe.ReplaceAllString(l, ""))
+		out = append(out, brTimerRe.ReplaceAllString(ifindexRe.ReplaceAllString(l, ""), "$1"))
 	}
 	sort.Strings(out)
 	return strings.Join(out, "\n")

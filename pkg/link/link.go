@@ -63,6 +63,9 @@ func EnsureBridge(s BridgeSpec) (*netlink.Bridge, error) {
 	}
 	created := true
 	if err := netlink.LinkAdd(br); err != nil {
+		if errors.Is(err, unix.EOPNOTSUPP) && s.VlanFiltering {
+			return nil, fmt.Errorf("creating bridge %q with VLAN filtering: %w; the kernel lacks CONFIG_BRIDGE_VLAN_FILTERING, so drop \"vlan\"/\"vlanTrunk\" or use a kernel with it", s.Name, err)
+		}
 		if !errors.Is(err, unix.EEXIST) {
 			return nil, fmt.Errorf("creating bridge %q: %w", s.Name, err)
 		}
