@@ -218,7 +218,7 @@ func TestBridgeMasquerade(t *testing.T) {
 			// Without the masquerade the remote cannot answer: the rules are what works.
 			h.MustDel(list, rt)
 			settleBridge(t, h, h.Name("br"))
-	h.RequireUnchanged(before)
+			h.RequireUnchanged(before)
 		})
 	}
 }
@@ -436,7 +436,7 @@ func TestBridgeDelWithoutNetns(t *testing.T) {
 			h.MustDel(list, rt)
 			h.MustDel(list, rt)
 			settleBridge(t, h, h.Name("br"))
-	h.RequireUnchanged(before)
+			h.RequireUnchanged(before)
 		})
 	}
 }
