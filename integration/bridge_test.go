@@ -150,6 +150,9 @@ func remote(t *testing.T, h *nstest.H) ns.NetNS {
 	hostEnd := h.Name("rem")
 	h.Run(h.HostNS, "ip", "link", "add", hostEnd, "type", "veth", "peer", "name", "eth0", "netns", r.Path())
 	h.Run(h.HostNS, "ip", "addr", "add", "172.31.250.1/24", "dev", hostEnd)
+	// No DAD on the test's own link, so its link-local address does not change state
+	// between the test's snapshots.
+	h.Run(h.HostNS, "sysctl", "-qw", "net.ipv6.conf."+hostEnd+".accept_dad=0")
 	h.Run(h.HostNS, "ip", "link", "set", hostEnd, "up")
 	h.Run(r, "ip", "addr", "add", "172.31.250.2/24", "dev", "eth0")
 	h.Run(r, "ip", "link", "set", "eth0", "up")

@@ -64,7 +64,13 @@ type conf struct {
 
 // parseConf decodes and validates everything before anything on the node changes.
 // args is CNI_ARGS. Every problem is a code-7 error naming the key.
-func parseConf(stdin []byte, args string) (*conf, error) {
+func parseConf(stdin []byte, args string) (*conf, error) { return parse(stdin, args, true) }
+
+// parseTeardownConf is parseConf for DEL and GC, which never use the MAC: a bad MAC
+// must not keep a pod's rules and lease from being released.
+func parseTeardownConf(stdin []byte, args string) (*conf, error) { return parse(stdin, args, false) }
+
+func parse(stdin []byte, args string, wantMAC bool) (*conf, error) {
 	n := &netConf{Bridge: defaultBridge}
 	if err := json.Unmarshal(stdin, n); err != nil {
 		return nil, cniplumb.DecodeError("bridge configuration", err)
@@ -105,8 +111,10 @@ func parseConf(stdin []byte, args string) (*conf, error) {
 			return nil, err
 		}
 	}
-	if c.MAC, err = pickMAC(n, args); err != nil {
-		return nil, err
+	if wantMAC {
+		if c.MAC, err = pickMAC(n, args); err != nil {
+			return nil, err
+		}
 	}
 	return c, nil
 }

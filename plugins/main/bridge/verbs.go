@@ -21,7 +21,7 @@ import (
 // vanished netns still gets its rules and lease removed: rules are found by owner, so
 // no address is needed (the reference skips its rule cleanup then and leaks chains).
 func del(ctx context.Context, in *cniplumb.Input) error {
-	c, err := parseConf(in.Stdin, in.Args)
+	c, err := parseTeardownConf(in.Stdin, in.Args)
 	if err != nil {
 		return err
 	}
@@ -229,7 +229,7 @@ func checkAddrsRoutes(pod netlink.Link, prev *current.Result, podIdx int) error 
 // network's attachments that are not in cni.dev/valid-attachments, in every backend the
 // node offers (a node may have switched ipMasqBackend).
 func gc(ctx context.Context, in *cniplumb.Input) error {
-	c, err := parseConf(in.Stdin, in.Args)
+	c, err := parseTeardownConf(in.Stdin, in.Args)
 	if err != nil {
 		return err
 	}
@@ -270,7 +270,7 @@ func gc(ctx context.Context, in *cniplumb.Input) error {
 // status forwards to the IPAM plugin and reports a configured ipMasq backend the node
 // cannot run (code 50).
 func status(ctx context.Context, in *cniplumb.Input) error {
-	c, err := parseConf(in.Stdin, in.Args)
+	c, err := parseTeardownConf(in.Stdin, in.Args)
 	if err != nil {
 		return err
 	}
