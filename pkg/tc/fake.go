@@ -186,13 +186,13 @@ func (f *Fake) Apply(_ context.Context, p Plan) (err error) {
 		dev.Root = nil
 	}
 	if p.Egress == nil {
-		f.removeEgress(dev, []string{p.IFB})
+		f.removeEgress(dev, []string{p.IFB}, true)
 		return nil
 	}
 	if dev.Hook == "" {
 		dev.Hook = "clsact"
 	}
-	mine := f.own(dev, map[int]bool{ifb.Index: true})
+	mine := f.own(dev, map[int]bool{ifb.Index: true}, true)
 	if len(mine) == 1 && mine[0].Prio == FilterPrio && mine[0].Target == ifb.Index {
 		return nil
 	}
@@ -204,18 +204,18 @@ func (f *Fake) Apply(_ context.Context, p Plan) (err error) {
 	return nil
 }
 
-// own mirrors ownFilters: a redirect at FilterPrio or one into targets.
-func (f *Fake) own(dev *fakeLink, targets map[int]bool) []fakeFilter {
+// own mirrors ownFilters.
+func (f *Fake) own(dev *fakeLink, targets map[int]bool, byPrio bool) []fakeFilter {
 	var out []fakeFilter
 	for _, fl := range dev.Filters {
-		if fl.Target != 0 && (fl.Prio == FilterPrio || targets[fl.Target]) {
+		if fl.Target != 0 && (byPrio && fl.Prio == FilterPrio || targets[fl.Target]) {
 			out = append(out, fl)
 		}
 	}
 	return out
 }
 
-func (f *Fake) removeEgress(dev *fakeLink, names []string) {
+func (f *Fake) removeEgress(dev *fakeLink, names []string, byPrio bool) (found bool) {
 	targets := map[int]bool{}
 	for _, n := range names {
 		if l := f.links[n]; l != nil && l.Kind == "ifb" {
@@ -223,7 +223,10 @@ func (f *Fake) removeEgress(dev *fakeLink, names []string) {
 		}
 	}
 	if dev != nil && dev.Hook != "" {
-		mine := f.own(dev, targets)
+		mine := f.own(dev, targets, byPrio)
+		for _, fl := range mine {
+			found = found || targets[fl.Target]
+		}
 		dev.Filters = slices.DeleteFunc(dev.Filters, func(fl fakeFilter) bool { return slices.Contains(mine, fl) })
 		if len(dev.Filters) == 0 {
 			dev.Hook = ""
@@ -234,6 +237,7 @@ func (f *Fake) removeEgress(dev *fakeLink, names []string) {
 			delete(f.links, n)
 		}
 	}
+	return found
 }
 
 // Remove implements Backend.
@@ -244,10 +248,10 @@ func (f *Fake) Remove(_ context.Context, r Removal) error {
 		return err
 	}
 	dev := f.links[r.Dev]
-	if dev != nil {
+	found := f.removeEgress(dev, r.IFBs, !r.OnlyIfRedirected)
+	if dev != nil && (found || !r.OnlyIfRedirected) {
 		dev.Root = nil
 	}
-	f.removeEgress(dev, r.IFBs)
 	return nil
 }
 
@@ -259,14 +263,14 @@ func (f *Fake) Observe(_ context.Context, devName, ifbName string) (State, error
 	ifbIndex := 0
 	if l := f.links[ifbName]; l != nil {
 		ifbIndex = l.Index
-		s.IFB = &IFBState{Kind: l.Kind, MTU: l.MTU, Up: l.Up, Alias: l.Alias, Root: l.Root}
+		s.IFB = &IFBState{Kind: l.Kind, Mac: fmt.Sprintf("02:00:00:00:%02x:%02x", l.Index>>8&0xff, l.Index&0xff), MTU: l.MTU, Up: l.Up, Alias: l.Alias, Root: l.Root}
 	}
 	dev := f.links[devName]
 	if dev == nil {
 		return s, nil
 	}
 	ds := &DevState{MTU: dev.MTU, Root: dev.Root, RootOther: dev.RootOther, Hook: dev.Hook}
-	mine := f.own(dev, map[int]bool{ifbIndex: ifbIndex != 0})
+	mine := f.own(dev, map[int]bool{ifbIndex: ifbIndex != 0}, true)
 	for _, fl := range mine {
 		ds.Redirects = append(ds.Redirects, Redirect{Prio: fl.Prio, Target: f.nameOf(fl.Target)})
 	}

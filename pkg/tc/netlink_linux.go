@@ -64,7 +64,8 @@ func (n *Netlink) Apply(_ context.Context, p Plan) (err error) {
 		return n.ensureRedirect(dev, ifb, &undo)
 	}
 	// No egress shaping: drop a redirect and IFB an earlier plan left, redirect first.
-	return n.removeEgress(dev, []string{p.IFB})
+	_, err = n.removeEgress(dev, []string{p.IFB}, true)
+	return err
 }
 
 func (n *Netlink) ensureIFB(p Plan, undo *undoStack) (netlink.Link, error) {
@@ -193,7 +194,7 @@ func (n *Netlink) ensureRedirect(dev, ifb netlink.Link, undo *undoStack) error {
 		return fmt.Errorf("listing ingress filters on %s: %w", name, err)
 	}
 	target := ifb.Attrs().Index
-	mine := ownFilters(fs, map[int]bool{target: true})
+	mine := ownFilters(fs, map[int]bool{target: true}, true)
 	if len(mine) == 1 && mine[0].Attrs().Priority == FilterPrio {
 		if t, _ := mirredTarget(mine[0]); t == target {
 			return nil
@@ -225,13 +226,14 @@ func redirectFilter(dev, target int) *netlink.U32 {
 	return f
 }
 
-// ownFilters picks podwire's filters: a mirred redirect at FilterPrio, or any filter
-// redirecting to one of targets (podwire's IFBs, including the reference plugin's).
-func ownFilters(fs []netlink.Filter, targets map[int]bool) []netlink.Filter {
+// ownFilters picks podwire's filters: any filter redirecting to one of targets
+// (podwire's IFBs, including the reference plugin's), and with byPrio any mirred
+// redirect at FilterPrio.
+func ownFilters(fs []netlink.Filter, targets map[int]bool, byPrio bool) []netlink.Filter {
 	var out []netlink.Filter
 	for _, f := range fs {
 		t, ok := mirredTarget(f)
-		if ok && (f.Attrs().Priority == FilterPrio || targets[t]) {
+		if ok && (byPrio && f.Attrs().Priority == FilterPrio || targets[t]) {
 			out = append(out, f)
 		}
 	}
@@ -270,17 +272,19 @@ func (n *Netlink) Remove(_ context.Context, r Removal) error {
 			dev = l
 		}
 	}
-	var errs []error
-	if dev != nil {
+	found, err := n.removeEgress(dev, r.IFBs, !r.OnlyIfRedirected)
+	errs := []error{err}
+	if dev != nil && (found || !r.OnlyIfRedirected) {
 		errs = append(errs, n.ensureRoot(dev, nil, &undoStack{}))
 	}
-	errs = append(errs, n.removeEgress(dev, r.IFBs))
 	return errors.Join(errs...)
 }
 
 // removeEgress removes podwire's redirects from dev (nil: gone), then the IFBs, once
-// nothing redirects into them any more. It keeps going after errors.
-func (n *Netlink) removeEgress(dev netlink.Link, names []string) error {
+// nothing redirects into them any more. It keeps going after errors. found reports a
+// redirect into one of the IFBs on dev; byPrio also takes any redirect at FilterPrio
+// as podwire's.
+func (n *Netlink) removeEgress(dev netlink.Link, names []string, byPrio bool) (found bool, _ error) {
 	var errs []error
 	targets := map[int]bool{}
 	var ifbs []netlink.Link
@@ -296,44 +300,51 @@ func (n *Netlink) removeEgress(dev netlink.Link, names []string) error {
 		}
 	}
 	if dev != nil {
-		errs = append(errs, n.removeRedirects(dev, targets)...)
+		var rerrs []error
+		found, rerrs = n.removeRedirects(dev, targets, byPrio)
+		errs = append(errs, rerrs...)
 	}
 	for _, l := range ifbs {
 		if err := n.h.LinkDel(l); err != nil && !isNotFound(err) {
 			errs = append(errs, fmt.Errorf("deleting IFB %s: %w", l.Attrs().Name, err))
 		}
 	}
-	return errors.Join(errs...)
+	return found, errors.Join(errs...)
 }
 
 // removeRedirects deletes podwire's filters from dev's ingress hook, then the hook
 // qdisc itself when no filter is left on it. podwire cannot tell an empty hook someone
 // else added from the one it added, so an empty one is removed either way.
-func (n *Netlink) removeRedirects(dev netlink.Link, targets map[int]bool) []error {
+func (n *Netlink) removeRedirects(dev netlink.Link, targets map[int]bool, byPrio bool) (found bool, _ []error) {
 	name := dev.Attrs().Name
 	qs, err := listQdiscs(n.h, dev)
 	if err != nil {
-		return []error{fmt.Errorf("listing qdiscs on %s: %w", name, err)}
+		return false, []error{fmt.Errorf("listing qdiscs on %s: %w", name, err)}
 	}
 	hook := hookOf(qs)
 	if hook == nil {
-		return nil
+		return false, nil
 	}
 	fs, err := listFilters(n.h, dev, netlink.HANDLE_MIN_INGRESS)
 	if err != nil {
-		return []error{fmt.Errorf("listing ingress filters on %s: %w", name, err)}
+		return false, []error{fmt.Errorf("listing ingress filters on %s: %w", name, err)}
 	}
-	errs := n.deleteOwn(dev, ownFilters(fs, targets))
+	own := ownFilters(fs, targets, byPrio)
+	for _, f := range own {
+		t, _ := mirredTarget(f)
+		found = found || targets[t]
+	}
+	errs := n.deleteOwn(dev, own)
 	left, err := n.countFilters(dev, hook)
 	if err != nil {
-		return append(errs, err)
+		return found, append(errs, err)
 	}
 	if left == 0 {
 		if err := n.h.QdiscDel(hook); err != nil && !isGone(err) {
 			errs = append(errs, fmt.Errorf("removing the empty %s qdisc from %s: %w", hook.Type(), name, err))
 		}
 	}
-	return errs
+	return found, errs
 }
 
 // deleteOwn deletes podwire's filters from dev's ingress hook. FilterPrio is podwire's,
@@ -407,7 +418,7 @@ func (n *Netlink) Observe(_ context.Context, devName, ifbName string) (State, er
 	ifbIndex := 0
 	if l, err := n.h.LinkByName(ifbName); err == nil {
 		ifbIndex = l.Attrs().Index
-		st := &IFBState{Kind: l.Type(), MTU: l.Attrs().MTU, Up: l.Attrs().Flags&net.FlagUp != 0, Alias: l.Attrs().Alias}
+		st := &IFBState{Kind: l.Type(), Mac: l.Attrs().HardwareAddr.String(), MTU: l.Attrs().MTU, Up: l.Attrs().Flags&net.FlagUp != 0, Alias: l.Attrs().Alias}
 		qs, err := listQdiscs(n.h, l)
 		if err != nil {
 			return s, fmt.Errorf("listing qdiscs on IFB %s: %w", ifbName, err)
@@ -421,6 +432,9 @@ func (n *Netlink) Observe(_ context.Context, devName, ifbName string) (State, er
 		return s, fmt.Errorf("looking up IFB %s: %w", ifbName, err)
 	}
 
+	if devName == "" {
+		return s, nil
+	}
 	dev, err := n.h.LinkByName(devName)
 	if isNotFound(err) {
 		return s, nil
@@ -445,7 +459,7 @@ func (n *Netlink) Observe(_ context.Context, devName, ifbName string) (State, er
 		if err != nil {
 			return s, fmt.Errorf("listing ingress filters on %s: %w", devName, err)
 		}
-		mine := ownFilters(fs, map[int]bool{ifbIndex: ifbIndex != 0})
+		mine := ownFilters(fs, map[int]bool{ifbIndex: ifbIndex != 0}, true)
 		for _, f := range mine {
 			t, _ := mirredTarget(f)
 			ds.Redirects = append(ds.Redirects, Redirect{Prio: f.Attrs().Priority, Target: n.nameOf(t)})

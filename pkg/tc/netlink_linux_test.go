@@ -323,3 +323,35 @@ func TestNetlinkRemoveReferenceRedirect(t *testing.T) {
 		t.Error("reference IFB left")
 	}
 }
+
+// TestNetlinkRemoveHint: with OnlyIfRedirected, a veth whose redirect goes to another
+// IFB (the name now belongs to another pod) keeps everything; the IFB still goes.
+func TestNetlinkRemoveHint(t *testing.T) {
+	n := kernelNS(t)
+	ctx := context.Background()
+	in(t, n, func() error {
+		b := NewNetlink(nil)
+		p := testPlan(t, 10_000_000, 10_000_000)
+		if err := b.Apply(ctx, p); err != nil {
+			return err
+		}
+		attrs := netlink.NewLinkAttrs()
+		attrs.Name = "pwbstale"
+		if err := netlink.LinkAdd(&netlink.Ifb{LinkAttrs: attrs}); err != nil {
+			return err
+		}
+		if err := b.Remove(ctx, Removal{Dev: "h0", IFBs: []string{"pwbstale"}, OnlyIfRedirected: true}); err != nil {
+			return err
+		}
+		requireMatch(t, b, p)
+		if _, err := netlink.LinkByName("pwbstale"); err == nil {
+			t.Error("stale IFB left")
+		}
+		// Now the hint is right: everything goes.
+		if err := b.Remove(ctx, Removal{Dev: "h0", IFBs: []string{p.IFB}, OnlyIfRedirected: true}); err != nil {
+			return err
+		}
+		requireMatch(t, b, Plan{Dev: "h0", MTU: 1500, IFB: p.IFB})
+		return nil
+	})
+}

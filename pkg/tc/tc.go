@@ -64,6 +64,10 @@ func (p Plan) String() string {
 type Removal struct {
 	Dev  string
 	IFBs []string
+	// OnlyIfRedirected makes Dev a hint to verify (GC reads it from an IFB's alias, and
+	// the name may since belong to another pod): only redirects into IFBs are removed
+	// from it, and its root TBF only when such a redirect was there.
+	OnlyIfRedirected bool
 }
 
 // IFB is an IFB device as GC sees it.
@@ -80,7 +84,7 @@ type Backend interface {
 	// again when it fails. Dev must exist. A root qdisc on Dev that is not podwire's
 	// makes ingress shaping fail rather than be replaced.
 	Apply(ctx context.Context, p Plan) error
-	// Observe reports the podwire-relevant state of dev and ifb.
+	// Observe reports the podwire-relevant state of dev and ifb; dev "" skips the veth.
 	Observe(ctx context.Context, dev, ifb string) (State, error)
 	// Remove deletes podwire's redirect (and an ingress/clsact qdisc left without
 	// filters), root TBF on r.Dev, then the IFBs. Absent objects are success; it keeps
@@ -121,6 +125,7 @@ type Redirect struct {
 // IFBState is the IFB device.
 type IFBState struct {
 	Kind  string // "ifb", or what a name collision made it
+	Mac   string
 	MTU   int
 	Up    bool
 	Alias string

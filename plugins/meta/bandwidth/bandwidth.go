@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/podwire/podwire/pkg/cniplumb"
+	"github.com/podwire/podwire/pkg/tc"
+)
+
+// shaper holds the plugin's seams: the tc backend, the host-veth lookup and the kernel
+// probe. main wires the real ones; unit tests use tc.Fake and a table of veths.
+type shaper struct {
+	tc tc.Backend
+	// hostVeth returns the host side of ifName in the pod netns, or errGone.
+	hostVeth func(netns, ifName string) (name string, mtu int, err error)
+	probe    func(context.Context) error
+}
+
+// add shapes the attachment and passes prevResult on, with the IFB appended to its
+// interfaces as the reference does. Without a bandwidth request it touches nothing.
+func (s *shaper) add(ctx context.Context, in *cniplumb.Input) (types.Result, error) {
+	req, err := parseConf(in.Stdin)
+	if err != nil {
+		return nil, err
+	}
+	prev, err := in.RequirePrevResult()
+	if err != nil {
+		return nil, err
+	}
+	if req.Empty() {
+		return prev, nil
+	}
+	plan, err := s.plan(in, req)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.tc.Apply(ctx, plan); err != nil {
+		return nil, fmt.Errorf("shaping %s of container %s: %w", in.IfName, in.ContainerID, err)
+	}
+	res := *prev
+	res.Interfaces = slices.Clone(prev.Interfaces)
+	if plan.Egress != nil {
+		st, err := s.tc.Observe(ctx, "", plan.IFB)
+		if err != nil {
+			return nil, fmt.Errorf("reading back IFB %s: %w", plan.IFB, err)
+		}
+		if st.IFB == nil {
+			return nil, fmt.Errorf("IFB %s vanished right after it was created", plan.IFB)
+		}
+		res.Interfaces = append(res.Interfaces, &current.Interface{Name: plan.IFB, Mac: st.IFB.Mac})
+	}
+	return &res, nil
+}
+
+// plan finds the host veth and sizes the TBFs.
+func (s *shaper) plan(in *cniplumb.Input, req Request) (tc.Plan, error) {
+	dev, mtu, err := s.hostVeth(in.Netns, in.IfName)
+	if errors.Is(err, errGone) {
+		return tc.Plan{}, fmt.Errorf("interface %s in %s does not exist: bandwidth must come after the plugin that creates it (bridge, ptp) in the conflist", in.IfName, in.Netns)
+	}
+	if err != nil {
+		return tc.Plan{}, err
+	}
+	return planShaping(in.Owner(), req, dev, mtu)
+}
+
+// del removes the redirect, the root TBF and the IFB. It succeeds when they, the veth or
+// the netns are gone, and it does not depend on the request being valid, so a DEL after
+// a rejected ADD still succeeds.
+func (s *shaper) del(ctx context.Context, in *cniplumb.Input) error {
+	o := in.Owner()
+	ifb, err := ifbName(o)
+	if err != nil {
+		return err
+	}
+	ifbs := []string{ifb, referenceIFBName(o.Network, o.ContainerID)}
+	req, perr := parseConf(in.Stdin)
+	if perr == nil && req.Empty() {
+		// No request: the only thing worth a lookup is an IFB left by an ADD that had one
+		// (a runtime that passes different runtimeConfig to DEL).
+		found := false
+		for _, name := range ifbs {
+			st, err := s.tc.Observe(ctx, "", name)
+			if err != nil {
+				return err
+			}
+			found = found || st.IFB != nil
+		}
+		if !found {
+			return nil
+		}
+	}
+	dev, _, err := s.hostVeth(in.Netns, in.IfName)
+	if err != nil {
+		// Gone, or not a veth (then nothing of ours is on it): the IFBs still go.
+		dev = ""
+	}
+	if err := s.tc.Remove(ctx, tc.Removal{Dev: dev, IFBs: ifbs}); err != nil {
+		return fmt.Errorf("removing shaping of %s of container %s: %w", in.IfName, in.ContainerID, err)
+	}
+	return nil
+}
+
+// check compares every qdisc, filter and IFB podwire owns for the attachment with what
+// the request implies, including that unrequested ones are absent.
+func (s *shaper) check(ctx context.Context, in *cniplumb.Input) error {
+	req, err := parseConf(in.Stdin)
+	if err != nil {
+		return err
+	}
+	if _, err := in.RequirePrevResult(); err != nil {
+		return err
+	}
+	if req.Empty() {
+		return nil
+	}
+	plan, err := s.plan(in, req)
+	if err != nil {
+		return err
+	}
+	st, err := s.tc.Observe(ctx, plan.Dev, plan.IFB)
+	if err != nil {
+		return err
+	}
+	if d := tc.Diff(plan, st); d != nil {
+		return fmt.Errorf("bandwidth shaping of %s in container %s does not match the request: %s; recreate the pod (DEL and ADD) to restore it", in.IfName, in.ContainerID, strings.Join(d, "; "))
+	}
+	return nil
+}
+
+// gc deletes this network's IFBs whose attachment is not in cni.dev/valid-attachments.
+func (s *shaper) gc(ctx context.Context, in *cniplumb.Input) error {
+	ifbs, err := s.tc.IFBs(ctx)
+	if err != nil {
+		return err
+	}
+	stale, err := planGC(ifbs, in.Conf.Name, in.ValidAttachments)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, r := range stale {
+		if err := s.tc.Remove(ctx, r); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("garbage-collecting IFBs of network %s: %w", in.Conf.Name, err)
+	}
+	return nil
+}
+
+// status is code 50 when the kernel cannot create an IFB, a TBF or the redirect.
+func (s *shaper) status(ctx context.Context, _ *cniplumb.Input) error {
+	if err := s.probe(ctx); err != nil {
+		return cniplumb.NotAvailable("bandwidth cannot shape traffic on this node: %v; build or load the missing kernel support", err)
+	}
+	return nil
+}

@@ -1,0 +1,14 @@
+// Command bandwidth is podwire's drop-in replacement for the reference bandwidth plugin:
+// a chained plugin that shapes a pod's traffic in both directions with token bucket
+// filters on the host side of its veth (see README.md for keys, formulas and accuracy).
+package main
+
+import (
+	"github.com/podwire/podwire/pkg/cniplumb"
+	"github.com/podwire/podwire/pkg/tc"
+)
+
+func main() {
+	s := &shaper{tc: tc.NewNetlink(nil), hostVeth: findHostVeth, probe: tc.Probe}
+	cniplumb.Main("bandwidth", cniplumb.Verbs{Add: s.add, Del: s.del, Check: s.check, GC: s.gc, Status: s.status})
+}
