@@ -136,6 +136,8 @@ var (
 	// Bridge timers count down on their own; they are not state anyone set.
 	brTimerRe  = regexp.MustCompile(`(hello_timer|tcn_timer|topology_change_timer|gc_timer)\s+[\d.]+`)
 	lifetimeRe = regexp.MustCompile(`\\\s+valid_lft.*$`)
+	// Rule counters count traffic, not configuration (iptables-nft adds one to each rule).
+	nftCounterRe = regexp.MustCompile(`"counter":\s*\{"packets":\s*\d+,\s*"bytes":\s*\d+\}`)
 )
 
 // normLinks drops interface indexes, which change as links come and go.
@@ -220,7 +222,7 @@ func normNft(js string) (string, error) {
 				chains[o.Family+" "+o.Table+" "+o.Name] = o
 			case "rule":
 				k := o.Family + " " + o.Table + " " + o.Chain
-				rules[k] = append(rules[k], string(o.Expr))
+				rules[k] = append(rules[k], nftCounterRe.ReplaceAllString(string(o.Expr), `"counter": {}`))
 			case "set", "map", "flowtable", "ct helper", "limit", "counter", "quota":
 				k := o.Family + " " + o.Table
 				other[k] = append(other[k], kind+" "+o.Name)
