@@ -12,8 +12,9 @@ import (
 )
 
 // TestBandwidthTCDirect shapes a plain veth between the host netns and a pod netns with
-// pkg/tc directly (no plugin, no bridge) and measures it with iperf3 both ways: the
-// kernel-level half of the acceptance, independent of the main plugin.
+// pkg/tc directly (no plugin, no bridge) and measures it with iperf3 both ways, so a
+// failure of TestBandwidthShaping can be told apart from a problem in the main plugin.
+// One case suffices here; TestBandwidthShaping runs the full matrix.
 func TestBandwidthTCDirect(t *testing.T) {
 	h := nstest.New(t)
 	before := h.Snapshot()
@@ -28,7 +29,7 @@ func TestBandwidthTCDirect(t *testing.T) {
 
 	for _, c := range []struct {
 		rate, burst uint64
-	}{{10_000_000, 4294967295}, {10_000_000, 0}, {100_000_000, 4294967295}, {100_000_000, 0}} {
+	}{{10_000_000, 4294967295}} {
 		t.Run(fmt.Sprintf("%dMbit-burst%d", c.rate/1_000_000, c.burst), func(t *testing.T) {
 			tbf, err := tc.SizeTBF(c.rate, c.burst, 1500)
 			if err != nil {
