@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -88,6 +89,10 @@ func TestContainerd(t *testing.T) {
 	// A first pod creates what outlives pods by design (the bridge, the hostPort
 	// chains, ip_forward), so the snapshot taken after it must come back exactly.
 	warmID := runPod(t, d, "warm", conf)
+	// While the warm pod gives the bridge carrier, let IPv6 DAD finish on the node's
+	// new addresses (the bridge's link-local): a tentative address would otherwise
+	// sit in the snapshot and "change" once the next pod brings carrier back.
+	waitNoTentative(t, h)
 	d.MustCrictl("stopp", warmID)
 	d.MustCrictl("rmp", warmID)
 	t.Logf("check: warm-up pod %s ran, stopped and was removed", short(warmID))
@@ -136,9 +141,7 @@ func TestContainerd(t *testing.T) {
 	}
 	t.Logf("check: host-local lease %s names the sandbox", lease)
 	cached := libcniCacheFiles(id)
-	if len(cached) == 0 {
-		t.Errorf("containerd's libcni cache %s/results holds no result for sandbox %s", e2eLibcniCache, short(id))
-	}
+	checkRuntimeConfig(t, conf.network, id)
 
 	if conf.has("portmap") {
 		checkHostPort(t, h, client, podNS, id)
@@ -187,6 +190,18 @@ func TestContainerd(t *testing.T) {
 	}
 	requireSettledUnchanged(t, h, before)
 	t.Logf("check: crictl rmp removed the pod: no sandbox, lease, libcni cache entry (%d were there), mount, cgroup or netns left; node state still as before", len(cached))
+}
+
+// waitNoTentative waits until no address in the node netns is still in IPv6 DAD.
+func waitNoTentative(t *testing.T, h *nstest.H) {
+	t.Helper()
+	var out string
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if out = h.Run(h.HostNS, "ip", "-o", "addr", "show", "tentative"); strings.TrimSpace(out) == "" {
+			return
+		}
+	}
+	t.Fatalf("node addresses still tentative after 10s:\n%s", out)
 }
 
 // settledSnapshot takes node snapshots until two in a row agree: the bridge's carrier
@@ -489,6 +504,53 @@ func checkHostVeth(t *testing.T, h *nstest.H, peerIdx int, bridge string) string
 		t.Fatal(err)
 	}
 	return name
+}
+
+// checkRuntimeConfig reads what containerd handed libcni for the pod's eth0 (libcni
+// caches it beside the result): the hostPort as the portMappings capability, the
+// bandwidth annotations as the bandwidth capability in bit/s with burst MaxUint32,
+// and the K8S_POD_* CNI_ARGS. go-cni's structs have no JSON tags, so the keys arrive
+// capitalized ("HostPort", "IngressRate"); decoding here is case-insensitive, as the
+// plugins' must be.
+func checkRuntimeConfig(t *testing.T, network, id string) {
+	t.Helper()
+	path := filepath.Join(e2eLibcniCache, "results", network+"-"+id+"-eth0")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("containerd's libcni cache for the pod: %v", err)
+	}
+	var cache struct {
+		CniArgs        [][2]string `json:"cniArgs"`
+		CapabilityArgs struct {
+			Bandwidth *struct {
+				IngressRate, IngressBurst, EgressRate, EgressBurst uint64
+			} `json:"bandwidth"`
+			PortMappings []struct {
+				HostPort, ContainerPort int
+				Protocol                string
+			} `json:"portMappings"`
+		} `json:"capabilityArgs"`
+	}
+	if err := json.Unmarshal(b, &cache); err != nil {
+		t.Fatalf("parsing %s: %v", path, err)
+	}
+	bw := cache.CapabilityArgs.Bandwidth
+	if bw == nil || bw.IngressRate != 10_000_000 || bw.EgressRate != 10_000_000 || bw.IngressBurst != math.MaxUint32 || bw.EgressBurst != math.MaxUint32 {
+		t.Errorf("bandwidth capability from the %s annotations = %+v, want rates 10000000 bit/s and bursts %d", e2eBandwidth, bw, uint64(math.MaxUint32))
+	}
+	pm := cache.CapabilityArgs.PortMappings
+	if len(pm) != 1 || pm[0].HostPort != e2eHostPort || pm[0].ContainerPort != e2eContainerPort || pm[0].Protocol != "tcp" {
+		t.Errorf("portMappings capability = %+v, want hostPort %d -> %d/tcp", pm, e2eHostPort, e2eContainerPort)
+	}
+	args := map[string]string{}
+	for _, kv := range cache.CniArgs {
+		args[kv[0]] = kv[1]
+	}
+	if args["K8S_POD_NAME"] != "web" || args["K8S_POD_NAMESPACE"] != "podwire-e2e" || args["K8S_POD_INFRA_CONTAINER_ID"] != id {
+		t.Errorf("CNI_ARGS = %v, want the pod's K8S_POD_* names", cache.CniArgs)
+	}
+	t.Logf("check: containerd passed runtimeConfig bandwidth %+v and portMappings %+v, CNI_ARGS K8S_POD_NAMESPACE=%s K8S_POD_NAME=%s (libcni cache %s)",
+		*bw, pm, args["K8S_POD_NAMESPACE"], args["K8S_POD_NAME"], path)
 }
 
 // libcniCacheFiles lists containerd's cached CNI results for a sandbox.
