@@ -1,8 +1,12 @@
 package integration
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -316,4 +320,68 @@ func requireClean(t *testing.T, h *nstest.H, before nodestate.Snapshot) {
 	t.Helper()
 	settleBridge(t, h, h.Name("br"))
 	h.RequireUnchanged(before)
+}
+
+// referenceBandwidth returns the reference bandwidth plugin (ReferenceVersion of the
+// bench), installing it from the Go module proxy into <repo>/.cache the first time.
+func referenceBandwidth(t *testing.T) string {
+	t.Helper()
+	root, err := nstest.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(root, ".cache", "reference-v1.10.0")
+	bin := filepath.Join(dir, "bandwidth")
+	if _, err := os.Stat(bin); err == nil {
+		return bin
+	}
+	cmd := exec.Command("go", "install", "-trimpath", "github.com/containernetworking/plugins/plugins/meta/bandwidth@v1.10.0")
+	cmd.Env = append(os.Environ(), "GOBIN="+dir, "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Skipf("cannot install the reference bandwidth plugin: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestBandwidthUpgradeFromReference: a pod shaped by the reference plugin (IFB bwp…,
+// ingress qdisc, u32 redirect at pref 1, root TBF) is cleaned up completely by
+// podwire's DEL after an upgrade.
+func TestBandwidthUpgradeFromReference(t *testing.T) {
+	h := nstest.New(t)
+	ref := t.TempDir()
+	if err := os.Symlink(referenceBandwidth(t), filepath.Join(ref, "bandwidth")); err != nil {
+		t.Fatal(err)
+	}
+	refCNI := libcni.NewCNIConfigWithCacheDir([]string{ref, h.BinDir}, t.TempDir(), nil)
+	list := bandwidthConf(h)
+	warmUp(t, h, list)
+	before := h.Snapshot()
+	pod := h.NewPod()
+	rt := h.RT(pod, "eth0", withBandwidth(10_000_000, 10_000_000, containerdBurst))
+	var res types.Result
+	if err := h.InHost(func() error {
+		var err error
+		res, err = refCNI.AddNetworkList(context.Background(), list, rt)
+		return err
+	}); err != nil {
+		t.Fatalf("ADD with the reference bandwidth: %v", err)
+	}
+	r, err := current.NewResultFromResult(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	veth := hostVeth(t, h, r)
+	if out := h.Run(h.HostNS, "ip", "-o", "link", "show", "type", "ifb"); !strings.Contains(out, "bwp") {
+		t.Fatalf("the reference created no bwp IFB:\n%s", out)
+	}
+	bwOnly := h.Conflist(`{"cniVersion":"1.1.0","name":"@PREFIX@net","plugins":[{"type":"bandwidth","capabilities":{"bandwidth":true}}]}`)
+	h.MustDel(bwOnly, rt)
+	if out := h.Run(h.HostNS, "ip", "-o", "link", "show", "type", "ifb"); strings.TrimSpace(out) != "" {
+		t.Errorf("IFB left after podwire's DEL:\n%s", out)
+	}
+	if q := h.Run(h.HostNS, "tc", "qdisc", "show", "dev", veth); strings.Contains(q, "tbf") || strings.Contains(q, "ingress") {
+		t.Errorf("qdiscs left on %s after podwire's DEL:\n%s", veth, q)
+	}
+	h.MustDel(list, rt)
+	requireClean(t, h, before)
 }
