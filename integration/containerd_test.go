@@ -30,7 +30,7 @@ const (
 	e2eNodeUplinkIP  = "192.0.2.1" // TEST-NET-1, only inside the test's namespaces
 	e2eClientIP      = "192.0.2.2"
 	e2eBandwidth     = "10M"
-	e2eLibcniCache   = "/var/lib/cni" // containerd 1.6 keeps libcni's result cache here; not configurable
+	e2eLibcniCache   = containerd.LibcniCacheDir
 )
 
 // TestContainerd is the end-to-end test of the plugins as production drives them:
@@ -62,23 +62,6 @@ func TestContainerd(t *testing.T) {
 	t.Logf("conflist %s: %s (subnet %s); containerd adds its own loopback network", conf.source, strings.Join(conf.plugins, " + "), conf.subnet)
 	client := h.NewPod()
 	addUplink(t, h, client)
-	libcniCacheExisted := exists(e2eLibcniCache)
-	runExisted := exists("/run/containerd")
-
-	// Registered before Start, so it runs after containerd and its shims are gone.
-	t.Cleanup(func() {
-		// Directories containerd or libcni had to create on the machine, if now empty.
-		if !libcniCacheExisted {
-			for _, dir := range []string{e2eLibcniCache + "/results", e2eLibcniCache} {
-				_ = os.Remove(dir)
-			}
-		}
-		if !runExisted {
-			for _, dir := range []string{"/run/containerd/s", "/run/containerd"} {
-				_ = os.Remove(dir)
-			}
-		}
-	})
 	d := containerd.Start(t, containerd.Options{
 		NetNS: h.HostNS.Path(), CNIBinDir: h.BinDir, CNIConfDir: confDir, Dir: t.TempDir(), Repo: repo,
 	})

@@ -27,6 +27,13 @@ const SandboxImage = "podwire.test/pause:e2e"
 // criNamespace is the containerd namespace the CRI plugin works in.
 const criNamespace = "k8s.io"
 
+// Paths outside Dir that containerd 1.6 uses whatever its config says: libcni's result
+// cache (go-cni offers no setting for it) and the shims' socket directory.
+const (
+	LibcniCacheDir = "/var/lib/cni"
+	shimSocketDir  = "/run/containerd/s"
+)
+
 // Programs are the executables a private containerd needs, with the Debian package
 // that ships each.
 var Programs = map[string]string{
@@ -95,6 +102,9 @@ type Daemon struct {
 	cmd          *exec.Cmd
 	exited       chan struct{}
 	logPath      string
+	// machineDirs are directories outside Dir that did not exist before Start; stop
+	// removes them again if containerd left them empty.
+	machineDirs []string
 }
 
 const configTemplate = `# Written by podwire's containerd end-to-end test: a private containerd 1.6
@@ -162,6 +172,11 @@ func Start(t testing.TB, o Options) *Daemon {
 		CgroupParent: "/podwire-e2e-" + hex.EncodeToString(rnd[:]),
 		exited:       make(chan struct{}),
 		logPath:      filepath.Join(o.Dir, "containerd.log"),
+	}
+	for _, dir := range []string{LibcniCacheDir, LibcniCacheDir + "/results", filepath.Dir(shimSocketDir), shimSocketDir} {
+		if _, err := os.Stat(dir); os.IsNotExist(err) {
+			d.machineDirs = append(d.machineDirs, dir)
+		}
 	}
 	for _, sub := range []string{"root", "state", "tmp", "opt", "logs"} {
 		if err := os.MkdirAll(filepath.Join(o.Dir, sub), 0o755); err != nil {
@@ -459,6 +474,9 @@ func (d *Daemon) stop() {
 	}
 	d.killShims()
 	d.removeCgroups()
+	for i := len(d.machineDirs) - 1; i >= 0; i-- {
+		_ = os.Remove(d.machineDirs[i]) // only if empty: never anything we did not create
+	}
 }
 
 // killShims finds shims serving this containerd (their -address is our socket) and
@@ -467,7 +485,7 @@ func (d *Daemon) killShims() {
 	procs, _ := filepath.Glob("/proc/[0-9]*")
 	ppid := map[int]int{}
 	var shims []int
-	var sockets []string
+	var leftovers []string // files the killed shims' sandboxes leave outside Dir
 	for _, p := range procs {
 		pid, _ := strconv.Atoi(filepath.Base(p))
 		if stat, err := os.ReadFile(p + "/stat"); err == nil {
@@ -504,7 +522,13 @@ func (d *Daemon) killShims() {
 		// containerd 1.6 puts shim sockets in /run/containerd/s/ under a hash of
 		// (address, namespace, id); a killed shim leaves its socket behind.
 		sum := sha256.Sum256([]byte(filepath.Join(addr, ns, id)))
-		sockets = append(sockets, filepath.Join("/run/containerd/s", hex.EncodeToString(sum[:])))
+		leftovers = append(leftovers, filepath.Join(shimSocketDir, hex.EncodeToString(sum[:])))
+		// A sandbox whose CNI DEL never ran leaves libcni's cached result behind
+		// (sandbox IDs are 64 hex digits, so the pattern matches only its entries).
+		if len(id) == 64 {
+			cached, _ := filepath.Glob(filepath.Join(LibcniCacheDir, "results", "*-"+id+"-*"))
+			leftovers = append(leftovers, cached...)
+		}
 	}
 	for _, shim := range shims {
 		for pid, parent := range ppid {
@@ -526,8 +550,10 @@ func (d *Daemon) killShims() {
 		shims = alive
 		time.Sleep(100 * time.Millisecond)
 	}
-	for _, s := range sockets {
-		_ = os.Remove(s)
+	for _, f := range leftovers {
+		if err := os.Remove(f); err == nil {
+			d.t.Logf("cleanup: removed %s", f)
+		}
 	}
 }
 
