@@ -96,6 +96,8 @@ func ruleArgs(r Rule, t Tag) (string, error) {
 		a = append(a, "-j", "DNAT", "--to-destination", to)
 	case SetMark:
 		a = append(a, "-j", "MARK", "--set-xmark", fmt.Sprintf("%#x/%#x", act.Mark, act.Mark))
+	case Jump:
+		a = append(a, "-j", act.Chain)
 	default:
 		return "", fmt.Errorf("rule %q: no iptables target for action %d", r, act.Kind)
 	}

@@ -184,6 +184,8 @@ func nftExprs(f Feature, r Rule) ([]expr.Any, error) {
 			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
 				Mask: binaryutil.NativeEndian.PutUint32(^a.Mark), Xor: binaryutil.NativeEndian.PutUint32(a.Mark)},
 			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1})
+	case Jump:
+		return nil, fmt.Errorf("rule %q: nftables cannot jump into the iptables chain %s; use the iptables backend", r, a.Chain)
 	default:
 		return nil, fmt.Errorf("rule %q: no nftables statement for action %d", r, a.Kind)
 	}

@@ -147,10 +147,14 @@ const (
 	Masquerade
 	DNAT    // to Action.Addr and, when non-zero, Action.Port
 	SetMark // OR Action.Mark into the packet mark
+	// Jump continues in the existing iptables chain Action.Chain (such as kube-proxy's
+	// KUBE-MARK-MASQ) and comes back. iptables only: nftables cannot jump into an
+	// iptables chain, so the nftables backend rejects it.
+	Jump
 )
 
 var actionNames = map[ActionKind]string{Return: "return", Accept: "accept", Drop: "drop",
-	Masquerade: "masquerade", DNAT: "dnat", SetMark: "setmark"}
+	Masquerade: "masquerade", DNAT: "dnat", SetMark: "setmark", Jump: "jump"}
 
 // Action is a rule's verdict or target.
 type Action struct {
@@ -158,6 +162,8 @@ type Action struct {
 	Addr netip.Addr
 	Port uint16
 	Mark uint32
+	// Chain is the target of a Jump.
+	Chain string
 }
 
 // Rule is one backend-neutral rule in a feature's base chain.
@@ -215,6 +221,8 @@ func (r Rule) String() string {
 		}
 	case SetMark:
 		fmt.Fprintf(&b, " %#x", a.Mark)
+	case Jump:
+		b.WriteString(" " + a.Chain)
 	}
 	return b.String()
 }
@@ -259,6 +267,9 @@ func (r Rule) validate(f Feature) error {
 	}
 	if a.Kind == DNAT && (!a.Addr.IsValid() || FamilyOf(a.Addr) != r.Family) {
 		return fmt.Errorf("rule %q: DNAT needs a %s address", r, r.Family)
+	}
+	if a.Kind == Jump && !validChainName(a.Chain) {
+		return fmt.Errorf("rule %q: %q is not a usable iptables chain name (1-28 letters, digits, '_', '-' or '.', not starting with '-')", r, a.Chain)
 	}
 	if (a.Kind == Masquerade || a.Kind == DNAT) && r.Hook.Type != "nat" {
 		return fmt.Errorf("rule %q: NAT actions belong in a nat hook", r)
@@ -309,4 +320,20 @@ func (p Plan) String() string {
 		b.WriteByte('\n')
 	}
 	return b.String()
+}
+
+// validChainName reports whether s can be written into an iptables-restore line as a
+// chain name without changing the line's meaning.
+func validChainName(s string) bool {
+	if s == "" || len(s) > maxChainName || s[0] == '-' || s[0] == '!' {
+		return false
+	}
+	for _, c := range s {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '_', c == '-', c == '.':
+		default:
+			return false
+		}
+	}
+	return true
 }
