@@ -11,10 +11,12 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -102,6 +104,7 @@ type Daemon struct {
 	cmd          *exec.Cmd
 	exited       chan struct{}
 	logPath      string
+	stopOnce     sync.Once
 	// machineDirs are directories outside Dir that did not exist before Start; stop
 	// removes them again if containerd left them empty.
 	machineDirs []string
@@ -214,8 +217,8 @@ func Start(t testing.TB, o Options) *Daemon {
 		"nsenter", "--net="+o.NetNS, "containerd", "--config", cfgPath, "--log-level", "debug")
 	d.cmd.Env = append(os.Environ(), "PATH="+os.Getenv("PATH")+":"+sbinPath)
 	d.cmd.Stdout, d.cmd.Stderr = logFile, logFile
-	// Its own process group: a ^C to `go test` reaches the test, which then stops
-	// containerd in order, instead of killing containerd under running shims.
+	// Its own process group, so a ^C reaches only the test, whose handler below
+	// stops pods and containerd in order.
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := d.cmd.Start(); err != nil {
 		logFile.Close()
@@ -226,6 +229,7 @@ func Start(t testing.TB, o Options) *Daemon {
 		logFile.Close()
 		close(d.exited)
 	}()
+	d.stopOnSignal()
 	t.Cleanup(d.stop)
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -447,10 +451,36 @@ func (d *Daemon) cgroupDirs(withParent bool) []string {
 	return out
 }
 
+// stopOnSignal handles SIGINT and SIGTERM while the daemon runs. Without it a ^C ends
+// the test binary without running any cleanup, leaving containerd, its shims and the
+// pods running; with it they are stopped first, and then the binary exits as the
+// signal would have made it.
+func (d *Daemon) stopOnSignal() {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case s := <-sigs:
+			fmt.Fprintf(os.Stderr, "%v: stopping the test's containerd (%s) before exiting\n", s, d.Socket)
+			d.stop()
+			os.Exit(130)
+		case <-done:
+		}
+	}()
+	d.t.Cleanup(func() {
+		signal.Stop(sigs)
+		close(done)
+	})
+}
+
 // stop removes every pod through CRI (as kubelet would on drain), stops containerd,
 // then kills any shim (and its container processes) that outlived it and removes the
 // test's cgroups. It logs what it had to force, since that means an unclean stop.
-func (d *Daemon) stop() {
+// It runs once, from the test's cleanup or from the signal handler.
+func (d *Daemon) stop() { d.stopOnce.Do(d.doStop) }
+
+func (d *Daemon) doStop() {
 	t := d.t
 	if d.running() {
 		if out, err := d.Crictl("pods", "-q"); err == nil {
