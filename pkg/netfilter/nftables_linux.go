@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"strings"
+	"sync"
 
 	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
@@ -14,17 +16,46 @@ import (
 // table of its own (podwire_<feature>) with one base chain per hook; every operation is
 // one dump of those chains and at most one atomic batch. The table is created with the
 // first rule and deleted with the last, so a node without pods carries nothing of ours.
-type NFTables struct{}
+//
+// An NFTables keeps one netlink socket open across calls, bound to the network
+// namespace of its first call; Close releases it. This matters for speed: the kernel
+// frees deleted rules after an RCU grace period, and releasing any nf_tables socket
+// waits for that (~10 ms). A plugin that removes rules and then goes on with other work
+// (deleting the veth, calling IPAM) lets the grace period pass in the background and
+// closes the socket for free at exit.
+type NFTables struct {
+	mu sync.Mutex
+	c  *nftables.Conn
+}
 
 // NewNFTables returns the nftables backend.
 func NewNFTables() *NFTables { return &NFTables{} }
 
-func (b *NFTables) conn() (*nftables.Conn, func(), error) {
-	c, err := nftables.New(nftables.AsLasting())
-	if err != nil {
-		return nil, nil, fmt.Errorf("opening nf_tables netlink socket: %w", err)
+// Close releases the netlink socket; the backend may be used again afterwards.
+func (b *NFTables) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.c == nil {
+		return nil
 	}
-	return c, func() { _ = c.CloseLasting() }, nil
+	err := b.c.CloseLasting()
+	b.c = nil
+	return err
+}
+
+// conn returns the open socket, opening it on first use. The returned func releases
+// the backend's mutex (calls on one NFTables are serialized).
+func (b *NFTables) conn() (*nftables.Conn, func(), error) {
+	b.mu.Lock()
+	if b.c == nil {
+		c, err := nftables.New(nftables.AsLasting())
+		if err != nil {
+			b.mu.Unlock()
+			return nil, nil, fmt.Errorf("opening nf_tables netlink socket: %w", err)
+		}
+		b.c = c
+	}
+	return b.c, b.mu.Unlock, nil
 }
 
 // ownedRule is a rule of our table with its parsed tag.
@@ -34,28 +65,38 @@ type ownedRule struct {
 	ours bool
 }
 
-// listFeature reads every base chain of f; a missing table or chain reads as empty.
-func (b *NFTables) listFeature(c *nftables.Conn, f Feature) (map[Hook][]ownedRule, error) {
+// listFeature reads every base chain of f; a missing table or chain reads as empty and
+// is absent from the returned set of existing chains.
+func (b *NFTables) listFeature(c *nftables.Conn, f Feature) (map[Hook][]ownedRule, map[Hook]bool, error) {
 	t := nftTable(f)
 	out := map[Hook][]ownedRule{}
+	exists := map[Hook]bool{}
 	for _, h := range f.Hooks {
 		ch, err := nftChain(t, h)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
+		// A dump of a missing table or chain is empty, not an error; only an empty
+		// dump needs the (cheap) question whether the chain exists.
 		rules, err := c.GetRules(t, ch)
-		if errors.Is(err, unix.ENOENT) {
-			continue
+		if err != nil && !isNoEnt(err) {
+			return nil, nil, fmt.Errorf("listing nftables chain %s %s: %w", TableName(f), h.Name, err)
 		}
-		if err != nil {
-			return nil, fmt.Errorf("listing nftables chain %s %s: %w", TableName(f), h.Name, err)
+		if len(rules) == 0 {
+			if _, err := c.ListChain(t, h.Name); err != nil {
+				if isNoEnt(err) {
+					continue
+				}
+				return nil, nil, fmt.Errorf("looking up nftables chain %s %s: %w", TableName(f), h.Name, err)
+			}
 		}
+		exists[h] = true
 		for _, r := range rules {
 			tag, ok := decodeTag(r.UserData)
 			out[h] = append(out[h], ownedRule{rule: r, tag: tag, ours: ok})
 		}
 	}
-	return out, nil
+	return out, exists, nil
 }
 
 // Apply implements Backend.
@@ -95,13 +136,19 @@ func (b *NFTables) Apply(_ context.Context, p Plan) error {
 		return err
 	}
 	defer done()
-	cur, err := b.listFeature(c, p.Feature)
+	cur, exists, err := b.listFeature(c, p.Feature)
 	if err != nil {
 		return err
 	}
-	c.AddTable(t)
+	// Create the table and base chains only when missing: re-adding an existing base
+	// chain is an update that makes the kernel wait for an RCU grace period (~10 ms
+	// here), more than everything else in the batch together. The lock makes the
+	// listing authoritative among podwire processes.
 	for _, h := range p.Feature.Hooks {
-		c.AddChain(chains[h])
+		if !exists[h] {
+			c.AddTable(t)
+			c.AddChain(chains[h])
+		}
 	}
 	id := IDOf(p.Owner)
 	for _, rs := range cur {
@@ -134,7 +181,7 @@ func (b *NFTables) Remove(_ context.Context, f Feature, id OwnerID, _ Families) 
 		return err
 	}
 	defer done()
-	cur, err := b.listFeature(c, f)
+	cur, _, err := b.listFeature(c, f)
 	if err != nil {
 		return err
 	}
@@ -176,7 +223,7 @@ func (b *NFTables) Check(_ context.Context, p Plan) error {
 		return err
 	}
 	defer done()
-	cur, err := b.listFeature(c, p.Feature)
+	cur, _, err := b.listFeature(c, p.Feature)
 	if err != nil {
 		return err
 	}
@@ -198,7 +245,7 @@ func (b *NFTables) Tags(_ context.Context, f Feature) ([]Tag, error) {
 		return nil, err
 	}
 	defer done()
-	cur, err := b.listFeature(c, f)
+	cur, _, err := b.listFeature(c, f)
 	if err != nil {
 		return nil, err
 	}
@@ -249,4 +296,9 @@ func Open(want Kind) (Backend, Kind, error) {
 		return NewIPTables(), k, nil
 	}
 	return NewNFTables(), k, nil
+}
+
+// isNoEnt recognizes ENOENT from google/nftables, which does not always wrap the errno.
+func isNoEnt(err error) bool {
+	return errors.Is(err, unix.ENOENT) || strings.Contains(err.Error(), "no such file or directory")
 }

@@ -27,13 +27,6 @@ func del(ctx context.Context, in *cniplumb.Input) error {
 	}
 	owner := in.Owner()
 	var errs []error
-	if in.Netns != "" {
-		err := ns.WithNetNSPath(in.Netns, func(ns.NetNS) error { return link.DeleteByName(in.IfName) })
-		var gone ns.NSPathNotExistErr
-		if err != nil && !errors.As(err, &gone) {
-			errs = append(errs, fmt.Errorf("deleting %s in %s: %w", in.IfName, in.Netns, err))
-		}
-	}
 	if c.raw.IPMasq && c.Layer3 {
 		// ip6tables is left alone when prevResult shows the pod had no IPv6 address.
 		fams := netfilter.All
@@ -58,6 +51,16 @@ func del(ctx context.Context, in *cniplumb.Input) error {
 	if c.raw.MacSpoofChk {
 		if err := netfilter.NewNFTables().Remove(ctx, netfilter.MacSpoofFeature, netfilter.IDOf(owner), netfilter.All); err != nil {
 			errs = append(errs, fmt.Errorf("removing macspoofchk rules of %s: %w", owner, err))
+		}
+	}
+	// The rules go first and the veth after: deleting the veth takes the kernel an RCU
+	// grace period anyway, during which the freeing of the deleted rules completes, so
+	// the process does not wait for it again when its nf_tables socket closes at exit.
+	if in.Netns != "" {
+		err := ns.WithNetNSPath(in.Netns, func(ns.NetNS) error { return link.DeleteByName(in.IfName) })
+		var gone ns.NSPathNotExistErr
+		if err != nil && !errors.As(err, &gone) {
+			errs = append(errs, fmt.Errorf("deleting %s in %s: %w", in.IfName, in.Netns, err))
 		}
 	}
 	if c.Layer3 {
