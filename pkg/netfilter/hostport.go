@@ -2,6 +2,7 @@ package netfilter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -343,22 +344,5 @@ func gcByTags(ctx context.Context, b Backend, network string, keep cniplumb.Owne
 			errs = append(errs, fmt.Errorf("removing host ports of stale attachment %s: %w", t.ID, err))
 		}
 	}
-	return joinErrs(errs)
-}
-
-func joinErrs(errs []error) error {
-	switch len(errs) {
-	case 0:
-		return nil
-	case 1:
-		return errs[0]
-	}
-	var b strings.Builder
-	for i, e := range errs {
-		if i > 0 {
-			b.WriteString("; ")
-		}
-		b.WriteString(e.Error())
-	}
-	return fmt.Errorf("%s (and %d more)", errs[0], len(errs)-1) // first error keeps its code
+	return errors.Join(errs...)
 }

@@ -358,3 +358,40 @@ func TestFakeRemoveFamilies(t *testing.T) {
 		t.Errorf("removing v4 only left:\n%s", d)
 	}
 }
+
+func TestIPTablesErrorKinds(t *testing.T) {
+	if !isLockBusy(4, "Another app is currently holding the xtables lock. Stopped waiting after 5s.") {
+		t.Error("lock message not recognized")
+	}
+	if isLockBusy(1, "Another app is currently holding the xtables lock") || isLockBusy(4, "Bad rule") {
+		t.Error("lock recognized from the wrong exit status or message")
+	}
+	for _, msg := range []string{
+		"iptables: No chain/target/match by that name.",
+		"iptables v1.8.9 (nf_tables): chain `PW-MASQ-POSTROUTING' in table `nat' is incompatible, use 'nft' tool.",
+	} {
+		if !isMissingChain(msg) {
+			t.Errorf("missing chain not recognized in %q", msg)
+		}
+	}
+	if isMissingChain("iptables-restore: line 2 failed: Bad rule (does a matching rule exist in that chain?).") {
+		t.Error("a failed restore was taken for a missing chain")
+	}
+	err := busy("the xtables lock", errors.New("held"))
+	if !IsBusy(err) || cniplumb.Code(err) != 11 || IsNotFound(err) {
+		t.Errorf("busy error: IsBusy=%v code=%d", IsBusy(err), cniplumb.Code(err))
+	}
+	nf := notFound("rule %s", "x")
+	if !IsNotFound(nf) || IsBusy(nf) || nf.Error() != "rule x" {
+		t.Errorf("notFound error: %v", nf)
+	}
+}
+
+func TestChainName(t *testing.T) {
+	if n, err := ChainName(MasqFeature, NATPostrouting); err != nil || n != "PW-MASQ-POSTROUTING" {
+		t.Errorf("ChainName = %q, %v", n, err)
+	}
+	if _, err := ChainName(Feature{Name: "averyveryverylongfeature"}, NATPostrouting); err == nil {
+		t.Error("a chain name over 28 bytes was accepted")
+	}
+}

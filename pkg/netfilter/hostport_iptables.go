@@ -1,0 +1,417 @@
+package netfilter
+
+import (
+	"crypto/sha512"
+	"encoding/hex"
+	"fmt"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/podwire/podwire/pkg/cniplumb"
+)
+
+// The iptables layout of host ports is the reference portmap's, so that each binary's
+// DEL removes what the other's ADD created (nodes can switch binaries under live pods):
+//
+//	nat PREROUTING:  -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT
+//	nat OUTPUT:      -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT
+//	nat POSTROUTING: (first) -m comment --comment "CNI portfwd requiring masquerade" -j CNI-HOSTPORT-MASQ
+//	CNI-HOSTPORT-MASQ:  -m mark --mark 0x2000/0x2000 -j MASQUERADE   (one per mark bit in use)
+//	CNI-HOSTPORT-DNAT:  -p tcp -m multiport --dports 8080,8443 -m comment --comment "pw:..." -j CNI-DN-<hash>
+//	CNI-DN-<hash>:      -s <pod subnet> -p tcp -m tcp --dport 8080 ... -j MARK --set-xmark 0x2000/0x2000
+//	                    -s 127.0.0.1/32 -p tcp -m tcp --dport 8080 ... -j MARK --set-xmark 0x2000/0x2000
+//	                    -p tcp -m tcp --dport 8080 ... -j DNAT --to-destination <pod>:80
+//
+// CNI-DN-<hash> is the reference's per-container chain name (network + container ID),
+// entered from CNI-HOSTPORT-DNAT by a jump whose last words are "-j CNI-DN-<hash>":
+// exactly what the reference's DEL deletes. Every rule of ours in those chains carries
+// our owner tag (which includes the interface name), so two attachments of one network
+// to one container share the chain without touching each other's rules. The shared
+// chains are the reference's too, with the reference's exact rule text, so neither
+// binary duplicates them; podwire removes them when the last host port goes (the
+// reference never does). The only exec-free knowledge of the node podwire relies on:
+// CNI-HOSTPORT-DNAT exists exactly when its two entry jumps do, and CNI-HOSTPORT-MASQ
+// exactly when its entry jump does (CHECK verifies both).
+//
+// This file is pure: it renders and plans iptables-restore transactions from listings
+// of these chains only (never a whole table). The exec side is
+// hostport_iptables_linux.go.
+
+// The reference portmap's shared chains.
+const (
+	HostPortDNATChain    = "CNI-HOSTPORT-DNAT"
+	HostPortMasqChain    = "CNI-HOSTPORT-MASQ"
+	HostPortSetMarkChain = "CNI-HOSTPORT-SETMARK" // the reference's; podwire marks directly
+	hostPortChainPrefix  = "CNI-DN-"
+)
+
+var (
+	hpEntryDNAT = "-m addrtype --dst-type LOCAL -j " + HostPortDNATChain
+	hpEntryMasq = `-m comment --comment "CNI portfwd requiring masquerade" -j ` + HostPortMasqChain
+	hpMasqRe    = regexp.MustCompile(`^-A ` + HostPortMasqChain + ` -m mark --mark 0x[0-9a-f]+/0x[0-9a-f]+ -j MASQUERADE$`)
+	hpRefRe     = regexp.MustCompile(`--comment "dnat name: \\"([^"\\]*)\\" id: \\"([^"\\]*)\\""`)
+)
+
+// multiportMax is how many ports one multiport match takes.
+const multiportMax = 15
+
+func hpMasqRule(mark uint32) string {
+	return fmt.Sprintf("-m mark --mark %#x/%#x -j MASQUERADE", mark, mark)
+}
+
+// HostPortChain is the per-container chain of network and containerID, named as the
+// reference portmap names it: "CNI-DN-" and the SHA-512 of network+containerID, cut to
+// 28 bytes.
+func HostPortChain(network, containerID string) string {
+	sum := sha512.Sum512([]byte(network + containerID))
+	return (hostPortChainPrefix + hex.EncodeToString(sum[:]))[:maxChainName]
+}
+
+// condArgs renders a plan's conditions as iptables match arguments.
+func condArgs(c Match) string {
+	var a []string
+	if c.Src.IsValid() {
+		if c.NotSrc {
+			a = append(a, "!")
+		}
+		a = append(a, "-s", prefixArg(c.Src))
+	}
+	if c.Dst.IsValid() {
+		if c.NotDst {
+			a = append(a, "!")
+		}
+		a = append(a, "-d", prefixArg(c.Dst))
+	}
+	if c.InIface != "" {
+		a = append(a, "-i", c.InIface)
+	}
+	return strings.Join(a, " ")
+}
+
+// hpRendered is one family of a plan in the iptables layout: the jumps into the
+// per-container chain (without "-A CNI-HOSTPORT-DNAT") and the chain's rules (without
+// "-A <chain>"), each with its tag's fingerprint.
+type hpRendered struct {
+	chain          string
+	jumps, rules   []string
+	jumpFP, ruleFP []string
+}
+
+// renderHostPortIPTables renders family fam of p.
+func renderHostPortIPTables(fam Family, p HostPortPlan) (hpRendered, error) {
+	r := hpRendered{chain: HostPortChain(p.Owner.Network, p.Owner.ContainerID)}
+	if err := p.Validate(); err != nil {
+		return r, err
+	}
+	// One jump per protocol and 15 ports, protocols in sorted order, ports in
+	// configuration order without repeats.
+	byProto := map[Proto][]string{}
+	seen := map[string]bool{}
+	for _, m := range p.Ports {
+		k := string(m.Proto) + "/" + strconv.Itoa(int(m.HostPort))
+		if m.Family() != fam || seen[k] {
+			continue
+		}
+		seen[k] = true
+		byProto[m.Proto] = append(byProto[m.Proto], strconv.Itoa(int(m.HostPort)))
+	}
+	var protos []string
+	for pr := range byProto {
+		protos = append(protos, string(pr))
+	}
+	sort.Strings(protos)
+	cond := condArgs(p.Conditions[fam])
+	for _, pr := range protos {
+		ports := byProto[Proto(pr)]
+		for len(ports) > 0 {
+			n := min(len(ports), multiportMax)
+			m := "-p " + pr + " -m multiport --dports " + strings.Join(ports[:n], ",")
+			ports = ports[n:]
+			if cond != "" {
+				m = cond + " " + m
+			}
+			t := Tag{NetworkHash: hash8(p.Owner.Network), ID: IDOf(p.Owner), Fingerprint: hash8("jump " + m + " " + r.chain), Owner: p.Owner}
+			r.jumps = append(r.jumps, m+` -m comment --comment "`+t.String()+`" -j `+r.chain)
+			r.jumpFP = append(r.jumpFP, t.Fingerprint)
+		}
+	}
+	rules, err := p.portRules(fam, NATPrerouting, false, true, false)
+	if err != nil {
+		return r, err
+	}
+	for _, rule := range rules {
+		t := tagFor(p.Owner, rule)
+		a, err := ruleArgs(rule, t)
+		if err != nil {
+			return r, err
+		}
+		r.rules = append(r.rules, a)
+		r.ruleFP = append(r.ruleFP, t.Fingerprint)
+	}
+	return r, nil
+}
+
+// jumpTarget returns the chain a listed rule jumps to ("-j X"), or "".
+func jumpTarget(line string) string {
+	i := strings.LastIndex(line, " -j ")
+	if i < 0 {
+		return ""
+	}
+	t := line[i+4:]
+	if j := strings.IndexByte(t, ' '); j >= 0 {
+		t = t[:j]
+	}
+	return t
+}
+
+// refOwner parses the reference portmap's jump comment `dnat name: "N" id: "C"`.
+func refOwner(line string) (network, containerID string, ok bool) {
+	m := hpRefRe.FindStringSubmatch(line)
+	if m == nil {
+		return "", "", false
+	}
+	return m[1], m[2], true
+}
+
+// hpState is what a transaction is planned from: listings of the chains it touches.
+type hpState struct {
+	top  chainListing            // CNI-HOSTPORT-DNAT, always listed
+	masq *chainListing           // CNI-HOSTPORT-MASQ; nil when not listed
+	dn   map[string]chainListing // per-container chains listed because they are shared
+}
+
+// hpChange is what a transaction does in one family.
+type hpChange struct {
+	add       *HostPortPlan    // rules to install (replacing add.Owner's)
+	removeIDs map[OwnerID]bool // owners whose tagged rules go
+	removeRef map[string]bool  // per-container chains whose untagged (reference) jumps and rules go
+	teardown  bool             // remove the shared chains if nothing uses them any more
+	keep      bool             // never delete a per-container chain (fallback)
+}
+
+// errNeedListing asks the caller to list a chain and plan again.
+type errNeedListing string
+
+func (e errNeedListing) Error() string { return "need a listing of " + string(e) }
+
+// planHostPortIPTables computes the one iptables-restore transaction for ch from st.
+// It returns errNeedListing when it needs a chain st lacks. The script is empty when
+// nothing changes.
+func planHostPortIPTables(fam Family, st hpState, ch hpChange) (*restoreScript, error) {
+	var decl, dels, adds, post []string
+	var rend hpRendered
+	addChain := ""
+	if ch.add != nil {
+		var err error
+		if rend, err = renderHostPortIPTables(fam, *ch.add); err != nil {
+			return nil, err
+		}
+		addChain = rend.chain
+	}
+	removeRule := func(r listedRule, chain string) bool {
+		return (r.ours && ch.removeIDs[r.tag.ID]) || (!r.ours && ch.removeRef[chain])
+	}
+
+	// Jumps into per-container chains: delete the removed owners' and the reference's
+	// for the chains being replaced; count what stays per chain.
+	remaining := map[string]int{}
+	affected := map[string]bool{}
+	topLeft := 0
+	for _, r := range st.top.rules {
+		target := jumpTarget(r.line)
+		if strings.HasPrefix(target, hostPortChainPrefix) && removeRule(r, target) {
+			dels = append(dels, "-D"+strings.TrimPrefix(r.line, "-A"))
+			affected[target] = true
+			continue
+		}
+		topLeft++
+		remaining[target]++
+	}
+	for c := range ch.removeRef {
+		affected[c] = true
+	}
+	if addChain != "" {
+		affected[addChain] = true
+	}
+	var chains []string
+	for c := range affected {
+		if strings.HasPrefix(c, hostPortChainPrefix) && validChainName(c) {
+			chains = append(chains, c)
+		}
+	}
+	sort.Strings(chains)
+	for _, c := range chains {
+		switch {
+		case remaining[c] > 0:
+			// Shared with an attachment that stays: remove rule by rule.
+			l, ok := st.dn[c]
+			if !ok {
+				return nil, errNeedListing(c)
+			}
+			if !l.exists {
+				decl = append(decl, ":"+c+" - [0:0]")
+			}
+			for _, r := range l.rules {
+				if removeRule(r, c) {
+					dels = append(dels, "-D"+strings.TrimPrefix(r.line, "-A"))
+				}
+			}
+		case c == addChain:
+			// Declaring an existing chain in --noflush mode flushes it: create or
+			// empty it without having to list it.
+			decl = append(decl, ":"+c+" - [0:0]")
+		default:
+			// Delete it whether or not it exists: declare (create or flush), then -X.
+			decl = append(decl, ":"+c+" - [0:0]")
+			if !ch.keep {
+				post = append(post, "-X "+c)
+			}
+		}
+	}
+
+	if ch.add != nil {
+		if !st.top.exists {
+			decl = append(decl, ":"+HostPortDNATChain+" - [0:0]")
+			adds = append(adds, "-A PREROUTING "+hpEntryDNAT, "-A OUTPUT "+hpEntryDNAT)
+		}
+		for _, r := range rend.rules {
+			adds = append(adds, "-A "+addChain+" "+r)
+		}
+		for _, j := range rend.jumps {
+			adds = append(adds, "-A "+HostPortDNATChain+" "+j)
+		}
+		if ch.add.masquerades() && len(rend.rules) > 0 {
+			if st.masq == nil {
+				return nil, errNeedListing(HostPortMasqChain)
+			}
+			rule := hpMasqRule(ch.add.Mark)
+			if !st.masq.exists {
+				decl = append(decl, ":"+HostPortMasqChain+" - [0:0]")
+				adds = append(adds, "-I POSTROUTING 1 "+hpEntryMasq, "-A "+HostPortMasqChain+" "+rule)
+			} else if !st.masq.has("-A " + HostPortMasqChain + " " + rule) {
+				adds = append(adds, "-A "+HostPortMasqChain+" "+rule)
+			}
+		}
+	} else if ch.teardown && st.top.exists && topLeft == 0 && len(dels) > 0 {
+		// The last host port of the node went: remove the shared chains too, so a node
+		// without host ports carries nothing of portmap's. Only together with a real
+		// removal, so a repeated DEL stays a no-op.
+		if st.masq == nil {
+			return nil, errNeedListing(HostPortMasqChain)
+		}
+		dels = append(dels, "-D PREROUTING "+hpEntryDNAT, "-D OUTPUT "+hpEntryDNAT)
+		post = append(post, "-X "+HostPortDNATChain)
+		if st.masq.exists && st.masq.onlyMatches(hpMasqRe) {
+			dels = append(dels, "-D POSTROUTING "+hpEntryMasq)
+			decl = append(decl, ":"+HostPortMasqChain+" - [0:0]")
+			post = append(post, "-X "+HostPortMasqChain)
+		}
+		// The reference's mark chain, unused once CNI-HOSTPORT-DNAT is gone.
+		decl = append(decl, ":"+HostPortSetMarkChain+" - [0:0]")
+		post = append(post, "-X "+HostPortSetMarkChain)
+	}
+
+	var s restoreScript
+	if len(dels) == 0 && len(adds) == 0 && len(post) == 0 {
+		// Declarations alone only create or flush chains: with nothing removed or
+		// added there is nothing to do.
+		return &s, nil
+	}
+	for _, group := range [][]string{decl, dels, adds, post} {
+		for _, l := range group {
+			s.add("nat", l)
+		}
+	}
+	return &s, nil
+}
+
+// has reports whether the listing holds exactly this "-A" line.
+func (l chainListing) has(line string) bool {
+	for _, r := range l.rules {
+		if r.line == line {
+			return true
+		}
+	}
+	return false
+}
+
+// onlyMatches reports whether every rule of the listing matches re.
+func (l chainListing) onlyMatches(re *regexp.Regexp) bool {
+	for _, r := range l.rules {
+		if !re.MatchString(r.line) {
+			return false
+		}
+	}
+	return true
+}
+
+// hpGCChange is the removal GC does in one family, given its CNI-HOSTPORT-DNAT: every tagged owner of network not
+// in keep, and every reference jump of network whose container keep does not list.
+func hpGCChange(top chainListing, network string, keep cniplumb.Owners) hpChange {
+	ch := hpChange{removeIDs: map[OwnerID]bool{}, removeRef: map[string]bool{}, teardown: true}
+	var tags []Tag
+	for _, r := range top.rules {
+		if r.ours {
+			tags = append(tags, r.tag)
+		}
+	}
+	for _, t := range Stale(tags, network, keep) {
+		ch.removeIDs[t.ID] = true
+	}
+	cids := map[string]bool{}
+	for o := range keep {
+		if o.Network == network {
+			cids[o.ContainerID] = true
+		}
+	}
+	for _, r := range top.rules {
+		if r.ours {
+			continue
+		}
+		if n, cid, ok := refOwner(r.line); ok && n == network && !cids[cid] {
+			if t := jumpTarget(r.line); t == HostPortChain(n, cid) {
+				ch.removeRef[t] = true
+			}
+		}
+	}
+	return ch
+}
+
+// hpCheck compares family fam of p with the listings of CNI-HOSTPORT-DNAT (top) and
+// the per-container chain (dn): every rule p wants must be there, tagged as p's owner,
+// and nothing else of that owner.
+func hpCheck(fam Family, p HostPortPlan, top, dn chainListing) error {
+	rend, err := renderHostPortIPTables(fam, p)
+	if err != nil {
+		return err
+	}
+	id := IDOf(p.Owner)
+	for _, c := range []struct {
+		what string
+		l    chainListing
+		want []string
+	}{{"jump in " + HostPortDNATChain, top, rend.jumpFP}, {"rule in " + rend.chain, dn, rend.ruleFP}} {
+		if len(c.want) > 0 && !c.l.exists {
+			return notFound("%s: chain missing for %s (%s)", c.what, p.Owner, fam)
+		}
+		have := map[string]int{}
+		n := 0
+		for _, r := range c.l.rules {
+			if r.ours && r.tag.ID == id {
+				have[r.tag.Fingerprint]++
+				n++
+			}
+		}
+		for _, fp := range c.want {
+			if have[fp] == 0 {
+				return notFound("host port %s of %s is missing (%s, fingerprint %s); run DEL and ADD again", c.what, p.Owner, fam, fp)
+			}
+		}
+		if n != len(c.want) {
+			return fmt.Errorf("%s has %d %ss for %s, want %d; run DEL and ADD again", fam, n, c.what, p.Owner, len(c.want))
+		}
+	}
+	return nil
+}
