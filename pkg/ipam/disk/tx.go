@@ -22,9 +22,12 @@ type tx struct {
 	recs       map[string]*record // index entries read or written so far; nil = none
 	last       map[string]string  // last_reserved_ip.<set> contents
 	stateDirty bool               // the index was rebuilt
+	rebuilt    bool               // ... in this transaction
 	changedDir bool               // a lease or last_reserved_ip file was created or removed
 
-	tmpReady bool // lease.tmp holds tmpOwner's lease, fsync'ed, not yet linked
+	spares []string // names in .podwire/spare; nil until listed
+
+	tmpReady bool // lease.tmp holds tmpOwner's lease, fsync'ed, not yet placed
 	tmpOwner ipam.Owner
 	tmpID    ident
 }
@@ -95,17 +98,24 @@ func (t *tx) prevBoot(rl recLease, id ident) bool {
 }
 
 func (t *tx) Leases(o ipam.Owner) ([]ipam.Lease, error) {
-	ls, err := t.verified(t.record(o))
+	r, err := t.record(o)
+	if err != nil {
+		return nil, err
+	}
+	ls, err := t.verified(r)
 	if err != nil || len(ls) > 0 || o.IfName == "" {
 		return ls, err
 	}
-	return t.verified(t.record(ipam.Owner{ContainerID: o.ContainerID}))
+	if r, err = t.record(ipam.Owner{ContainerID: o.ContainerID}); err != nil {
+		return nil, err
+	}
+	return t.verified(r)
 }
 
 func (t *tx) Renew(o ipam.Owner) error {
-	r := t.record(o)
-	if r == nil {
-		return nil
+	r, err := t.record(o)
+	if r == nil || err != nil {
+		return err
 	}
 	nr := *r
 	nr.Leases = append([]recLease(nil), r.Leases...)
@@ -131,23 +141,28 @@ func (t *tx) Holder(ip net.IP) (ipam.Lease, bool, error) {
 	if err != nil {
 		return ipam.Lease{}, false, err
 	}
-	return t.lease(name, b, id), true, nil
+	l, err := t.lease(name, b, id)
+	return l, err == nil, err
 }
 
-func (t *tx) lease(name string, content []byte, id ident) ipam.Lease {
+func (t *tx) lease(name string, content []byte, id ident) (ipam.Lease, error) {
 	l := ipam.Lease{IP: leaseIP(name)}
 	o, ok := parseLease(content)
 	if !ok {
 		l.Broken = t.stale(id.mtime)
-		return l
+		return l, nil
 	}
 	l.Owner = o
-	if r := t.record(o); r != nil {
+	r, err := t.record(o)
+	if err != nil {
+		return l, err
+	}
+	if r != nil {
 		if i := r.find(name); i >= 0 {
 			l.PrevBoot = t.prevBoot(r.Leases[i], id)
 		}
 	}
-	return l
+	return l, nil
 }
 
 func (t *tx) stale(mtimeNs int64) bool {
@@ -155,10 +170,11 @@ func (t *tx) stale(mtimeNs int64) bool {
 }
 
 // Reserve places a lease on ip for o. The lease is first written completely to
-// .podwire/lease.tmp and fsync'ed, then link(2)ed to its name, which fails if the name
-// exists: a crash at any point leaves no lease or a complete one, never an empty file.
-// The index entry is written before the link, so after a crash it may name a lease
-// that does not exist (verification drops it), never miss one that does.
+// .podwire/lease.tmp and fsync'ed, then renamed to its name with RENAME_NOREPLACE
+// (link(2) where that is missing), which fails if the name exists: a crash at any
+// point leaves no lease or a complete one, never an empty file. The index entry is
+// written before the lease is placed, so after a crash it may name a lease that does
+// not exist (verification drops it), never miss one that does.
 func (t *tx) Reserve(o ipam.Owner, ip net.IP, set int) (bool, error) {
 	name := ip.String()
 	path := t.leasePath(name)
@@ -168,7 +184,10 @@ func (t *tx) Reserve(o ipam.Owner, ip net.IP, set int) (bool, error) {
 	if err := t.prepareTmp(o); err != nil {
 		return false, err
 	}
-	r := t.record(o)
+	r, err := t.record(o)
+	if err != nil {
+		return false, err
+	}
 	nr := record{ContainerID: o.ContainerID, IfName: o.IfName}
 	if r != nil {
 		nr.Leases = append(nr.Leases, r.Leases...)
@@ -185,16 +204,15 @@ func (t *tx) Reserve(o ipam.Owner, ip net.IP, set int) (bool, error) {
 			_ = t.saveRecord(&record{ContainerID: o.ContainerID, IfName: o.IfName})
 		}
 	}
-	if err := unix.Link(filepath.Join(t.s.side, tmpName), path); err != nil {
+	if err := renameNoReplace(filepath.Join(t.s.side, tmpName), path); err != nil {
 		undoRecord()
 		if errors.Is(err, unix.EEXIST) {
 			return false, nil // someone who does not take the lock got there first
 		}
 		return false, ioError("placing lease "+name+" in "+t.s.dir, err)
 	}
+	t.tmpReady = false
 	t.changedDir = true
-	// The next lease gets a file of its own rather than a second link to this one.
-	t.abort()
 
 	setKey := strconv.Itoa(set)
 	if err := t.writeLast(setKey, name); err != nil {
@@ -228,15 +246,16 @@ func (t *tx) probe(name string) (bool, error) {
 	if _, ok := parseLease(b); ok || !t.stale(id.mtime) {
 		return false, nil
 	}
-	if err := unix.Unlink(t.leasePath(name)); err != nil {
+	if err := t.recycle(t.leasePath(name)); err != nil && !errors.Is(err, unix.ENOENT) {
 		return false, ioError("removing broken (empty) lease "+name, err)
 	}
 	t.changedDir = true
 	return true, nil
 }
 
-// prepareTmp writes o's lease content to .podwire/lease.tmp and fsyncs it, unless it
-// is already there. On failure (disk full, read-only) nothing is left behind.
+// prepareTmp writes o's lease content to .podwire/lease.tmp (a spare inode if there
+// is one) and fsyncs it, unless it is already there. On failure (disk full,
+// read-only) nothing is left behind.
 func (t *tx) prepareTmp(o ipam.Owner) error {
 	if t.tmpReady && t.tmpOwner == o {
 		return nil
@@ -244,8 +263,13 @@ func (t *tx) prepareTmp(o ipam.Owner) error {
 	t.abort()
 	path := filepath.Join(t.s.side, tmpName)
 	_ = unix.Unlink(path)
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	flags := os.O_WRONLY | os.O_CREATE | os.O_EXCL
+	if t.takeSpare(path) {
+		flags = os.O_WRONLY
+	}
+	f, err := os.OpenFile(path, flags, 0o600)
 	if err != nil {
+		_ = unix.Unlink(path)
 		return ioError("writing a lease in "+t.s.dir, err)
 	}
 	fail := func(err error) error {
@@ -253,7 +277,14 @@ func (t *tx) prepareTmp(o ipam.Owner) error {
 		_ = unix.Unlink(path)
 		return ioError("writing a lease in "+t.s.dir, err)
 	}
-	if _, err := f.WriteString(leaseContent(o)); err != nil {
+	content := leaseContent(o)
+	if _, err := f.WriteAt([]byte(content), 0); err != nil {
+		return fail(err)
+	}
+	if err := f.Truncate(int64(len(content))); err != nil {
+		return fail(err)
+	}
+	if err := f.Chmod(0o600); err != nil {
 		return fail(err)
 	}
 	if err := f.Sync(); err != nil {
@@ -271,13 +302,15 @@ func (t *tx) prepareTmp(o ipam.Owner) error {
 	return nil
 }
 
-// writeLast rewrites last_reserved_ip.<set> in place, as the reference does.
+// writeLast rewrites last_reserved_ip.<set> in place, as the reference does (a crash
+// in between leaves a wrong start for round-robin at worst; the reference's own
+// truncate-then-write leaves an empty file).
 func (t *tx) writeLast(set, ip string) error {
 	path := t.leasePath(lastIPPrefix + set)
 	if _, ok := t.last[set]; !ok {
 		t.changedDir = true // created, most likely
 	}
-	if err := os.WriteFile(path, []byte(ip), 0o600); err != nil {
+	if err := writeInPlace(path, []byte(ip)); err != nil {
 		return ioError("recording the last reserved address in "+path, err)
 	}
 	if t.last == nil {
@@ -306,12 +339,15 @@ func (t *tx) Release(o ipam.Owner) error {
 	}
 	owner := ls[0].Owner // o, or its legacy form
 	var errs []error
-	r := t.record(owner)
+	r, err := t.record(owner)
+	if err != nil || r == nil {
+		return err
+	}
 	nr := *r
 	nr.Leases = append([]recLease(nil), r.Leases...)
 	for _, l := range ls {
 		name := l.IP.String()
-		if err := unix.Unlink(t.leasePath(name)); err != nil && !errors.Is(err, unix.ENOENT) {
+		if err := t.recycle(t.leasePath(name)); err != nil && !errors.Is(err, unix.ENOENT) {
 			errs = append(errs, ioError("removing lease "+name, err))
 			continue
 		}
@@ -338,7 +374,7 @@ func (t *tx) ReleaseIP(ip net.IP, o ipam.Owner) error {
 		case o != (ipam.Owner{}) && got != o:
 			return nil // someone else's now
 		}
-		if err := unix.Unlink(t.leasePath(name)); err != nil && !errors.Is(err, unix.ENOENT) {
+		if err := t.recycle(t.leasePath(name)); err != nil && !errors.Is(err, unix.ENOENT) {
 			return ioError("removing lease "+name, err)
 		}
 		t.changedDir = true
@@ -346,7 +382,11 @@ func (t *tx) ReleaseIP(ip net.IP, o ipam.Owner) error {
 	if o == (ipam.Owner{}) {
 		return nil
 	}
-	if r := t.record(o); r != nil && r.find(name) >= 0 {
+	r, err := t.record(o)
+	if err != nil {
+		return err
+	}
+	if r != nil && r.find(name) >= 0 {
 		nr := *r
 		nr.Leases = append([]recLease(nil), r.Leases...)
 		nr.drop(name)
@@ -372,7 +412,11 @@ func (t *tx) All() ([]ipam.Lease, error) {
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, t.lease(e.Name(), b, id))
+		l, err := t.lease(e.Name(), b, id)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, l)
 	}
 	return out, nil
 }

@@ -1,0 +1,78 @@
+package disk_test
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/podwire/podwire/pkg/ipam"
+	"github.com/podwire/podwire/pkg/ipam/disk"
+)
+
+// benchConf is a /16, as in the issue's 10,000-lease measurement.
+const benchConf = `{"ranges":[[{"subnet":"10.88.0.0/16"}]]}`
+
+// preload writes n leases the way the reference would have left them (one file each,
+// last_reserved_ip.0 after the last) and lets one call index them, so the timed
+// calls start from a warm, fresh index.
+func preload(b *testing.B, n int) (*disk.Store, *ipam.Conf) {
+	b.Helper()
+	dataDir := b.TempDir()
+	dir := filepath.Join(dataDir, network)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	var last net.IP
+	for i := 0; i < n; i++ {
+		last = net.IPv4(10, 88, byte((i+2)>>8), byte(i+2)).To4()
+		if err := os.WriteFile(filepath.Join(dir, last.String()), []byte(fmt.Sprintf("pre%05d\r\neth0", i)), 0o600); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if last != nil {
+		if err := os.WriteFile(filepath.Join(dir, "last_reserved_ip.0"), []byte(last.String()), 0o600); err != nil {
+			b.Fatal(err)
+		}
+	}
+	st := open(b, dataDir, disk.Options{})
+	c := parse(b, benchConf)
+	allocate(b, st, c, own("warmup"))
+	return st, c
+}
+
+// BenchmarkAdd is one ADD (a new attachment) on a store that already holds 0 or
+// 10,000 leases.
+func BenchmarkAdd(b *testing.B) {
+	for _, n := range []int{0, 10000} {
+		b.Run(fmt.Sprintf("leases=%d", n), func(b *testing.B) {
+			st, c := preload(b, n)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if _, err := ipam.Allocate(ctx, st, c, own(fmt.Sprint("bench", i))); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkDel is one DEL of an existing attachment on a store that holds 0 or
+// 10,000 other leases.
+func BenchmarkDel(b *testing.B) {
+	for _, n := range []int{0, 10000} {
+		b.Run(fmt.Sprintf("leases=%d", n), func(b *testing.B) {
+			st, c := preload(b, n)
+			for i := 0; i < b.N; i++ {
+				allocate(b, st, c, own(fmt.Sprint("bench", i)))
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if err := ipam.Release(ctx, st, own(fmt.Sprint("bench", i))); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
