@@ -229,9 +229,6 @@ func planHostPortIPTables(fam Family, st hpState, ch hpChange) (*restoreScript, 
 		topLeft++
 		remaining[target]++
 	}
-	for c := range ch.removeRef {
-		affected[c] = true
-	}
 	if addChain != "" {
 		affected[addChain] = true
 	}

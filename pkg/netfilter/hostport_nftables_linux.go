@@ -1,0 +1,99 @@
+package netfilter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/userdata"
+
+	"github.com/podwire/podwire/pkg/cniplumb"
+)
+
+// HostPortNFTables is the nftables HostPortBackend: the plan's neutral rules (Rules)
+// in table inet podwire_hostport, through the NFTables backend (netlink only, one
+// atomic batch per operation, the table removed with its last rule).
+type HostPortNFTables struct {
+	nft *NFTables
+}
+
+var _ HostPortBackend = (*HostPortNFTables)(nil)
+
+// NewHostPortNFTables returns the nftables host-port backend.
+func NewHostPortNFTables() *HostPortNFTables { return &HostPortNFTables{nft: NewNFTables()} }
+
+// Apply implements HostPortBackend.
+func (b *HostPortNFTables) Apply(ctx context.Context, p HostPortPlan) error {
+	r, err := p.Rules()
+	if err != nil {
+		return err
+	}
+	return b.nft.Apply(ctx, r)
+}
+
+// Check implements HostPortBackend.
+func (b *HostPortNFTables) Check(ctx context.Context, p HostPortPlan) error {
+	r, err := p.Rules()
+	if err != nil {
+		return err
+	}
+	return b.nft.Check(ctx, r)
+}
+
+// Remove implements HostPortBackend. It also removes the rules the reference portmap's
+// nftables backend made for o's container (tables ip/ip6 cni_hostport, rules whose
+// comment is the container ID: the reference keys them by container only).
+func (b *HostPortNFTables) Remove(ctx context.Context, o Owner, fams Families) error {
+	err := b.nft.Remove(ctx, HostPortFeature, IDOf(o), fams)
+	return errors.Join(err, removeRefNFT(o.ContainerID))
+}
+
+// GC implements HostPortBackend.
+func (b *HostPortNFTables) GC(ctx context.Context, network string, keep cniplumb.Owners) error {
+	return gcByTags(ctx, b.nft, network, keep)
+}
+
+// The reference portmap's nftables objects.
+const refNFTTable = "cni_hostport"
+
+var refNFTChains = []string{"hostports", "hostip_hostports", "masquerading"}
+
+// removeRefNFT deletes the reference nftables portmap's rules for containerID, in one
+// batch per family; a missing table or chain is nothing to do. It costs one netlink
+// round trip per family when the reference's tables are absent.
+func removeRefNFT(containerID string) error {
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("opening nf_tables netlink socket: %w", err)
+	}
+	var errs []error
+	for _, fam := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6} {
+		t, err := c.ListTableOfFamily(refNFTTable, fam)
+		if err != nil || t == nil {
+			continue // absent (or no nf_tables at all): nothing of the reference's here
+		}
+		n := 0
+		for _, name := range refNFTChains {
+			rules, err := c.GetRules(t, &nftables.Chain{Name: name, Table: t})
+			if err != nil {
+				continue
+			}
+			for _, r := range rules {
+				if s, ok := userdata.GetString(r.UserData, userdata.TypeComment); ok && s == containerID {
+					if err := c.DelRule(r); err != nil {
+						errs = append(errs, err)
+						continue
+					}
+					n++
+				}
+			}
+		}
+		if n > 0 {
+			if err := c.Flush(); err != nil {
+				errs = append(errs, fmt.Errorf("removing the reference portmap's nftables rules of %s: %w", containerID, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
