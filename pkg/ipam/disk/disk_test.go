@@ -173,6 +173,28 @@ func TestOpenRefusesPathsOutsideDataDir(t *testing.T) {
 	}
 }
 
+// TestSymlinkNotFollowed: a symlink planted as last_reserved_ip.0 or as a lease
+// does not make the store write outside its directory.
+func TestSymlinkNotFollowed(t *testing.T) {
+	dataDir := t.TempDir()
+	outside := filepath.Join(t.TempDir(), "victim")
+	if err := os.WriteFile(outside, []byte("precious"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(dataDir, network)
+	os.MkdirAll(dir, 0o755)
+	os.Symlink(outside, filepath.Join(dir, "last_reserved_ip.0"))
+	os.Symlink(outside, filepath.Join(dir, "10.0.0.2"))
+	st := open(t, dataDir, disk.Options{})
+	_, err := ipam.Allocate(ctx, st, parse(t, `{"ranges":[[{"subnet":"10.0.0.0/24"}]]}`), own("a"))
+	if err == nil {
+		t.Error("ADD wrote through a symlinked last_reserved_ip.0")
+	}
+	if b, _ := os.ReadFile(outside); string(b) != "precious" {
+		t.Errorf("file outside the data dir was changed to %q", b)
+	}
+}
+
 // TestIndexNotRebuiltForOwnChanges proves ADD and DEL use the index rather than
 // reading the lease directory: a planted stale index entry survives them (a rebuild
 // would delete it), until a foreign change forces a rebuild.

@@ -374,7 +374,9 @@ func (t *tx) writeFile(path string, data []byte, what string) error {
 }
 
 func writeInPlace(path string, data []byte) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o600)
+	// O_NOFOLLOW: a symlink planted in the lease directory must not redirect a write
+	// outside it.
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return err
 	}

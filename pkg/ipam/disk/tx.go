@@ -265,7 +265,7 @@ func (t *tx) prepareTmp(o ipam.Owner) error {
 	_ = unix.Unlink(path)
 	flags := os.O_WRONLY | os.O_CREATE | os.O_EXCL
 	if t.takeSpare(path) {
-		flags = os.O_WRONLY
+		flags = os.O_WRONLY | unix.O_NOFOLLOW
 	}
 	f, err := os.OpenFile(path, flags, 0o600)
 	if err != nil {
