@@ -1,0 +1,278 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/podwire/podwire/pkg/cniplumb"
+	"github.com/podwire/podwire/pkg/netfilter"
+)
+
+// portmap holds the plugin's seams: the backend opener, the marker directory and the
+// host-side effects. main wires the real ones; unit tests wire fakes.
+type portmap struct {
+	open     func(netfilter.Kind) (netfilter.HostPortBackend, netfilter.Kind, error)
+	probe    func() netfilter.Probe
+	state    stateDir
+	localnet func(pod netip.Addr) error
+	flushUDP func(ipv6 bool, ports []uint16) error
+	logf     func(format string, a ...any)
+}
+
+func stderrf(format string, a ...any) { fmt.Fprintf(os.Stderr, "portmap: "+format+"\n", a...) }
+
+// undoStack runs inverses of completed steps when ADD fails.
+type undoStack []func() error
+
+func (u *undoStack) push(f func() error) { *u = append(*u, f) }
+
+func (u undoStack) run() error {
+	var errs []error
+	for i := len(u) - 1; i >= 0; i-- {
+		errs = append(errs, u[i]())
+	}
+	return errors.Join(errs...)
+}
+
+// add installs the attachment's host ports and passes prevResult through. Without
+// portMappings it touches neither the firewall nor the disk.
+func (pm *portmap) add(ctx context.Context, in *cniplumb.Input) (_ types.Result, err error) {
+	conf, err := parseConf(in.Stdin)
+	if err != nil {
+		return nil, err
+	}
+	res, err := in.RequirePrevResult()
+	if err != nil {
+		return nil, err
+	}
+	if len(conf.Mappings) == 0 {
+		return res, nil
+	}
+	owner := in.Owner()
+	plan, err := planHostPorts(conf, owner, res, in.IfName)
+	if err != nil {
+		return nil, err
+	}
+	if plan.Empty() {
+		return res, nil
+	}
+	fw, kind, err := pm.open(conf.Backend)
+	if err != nil {
+		return nil, err
+	}
+	var undo undoStack
+	defer func() {
+		if err != nil {
+			if uerr := undo.run(); uerr != nil {
+				err = fmt.Errorf("%w (undoing the partial ADD also failed: %v)", err, uerr)
+			}
+		}
+	}()
+	// The marker goes first: a plugin killed between the two steps leaves a marker
+	// without rules, which DEL handles, never rules without a marker.
+	m := markerOf(plan, kind)
+	if err := pm.state.write(owner, m); err != nil {
+		return nil, err
+	}
+	undo.push(func() error { return pm.state.remove(owner) })
+	if err := fw.Apply(ctx, plan); err != nil {
+		return nil, fmt.Errorf("installing host ports of %s with %s: %w", owner, kind, err)
+	}
+	undo.push(func() error { return fw.Remove(context.WithoutCancel(ctx), owner, plan.Families()) })
+	if plan.SNAT && !plan.MasqAll {
+		for _, hp := range plan.Ports {
+			if hp.Family() == netfilter.IPv4 {
+				if err := pm.localnet(hp.Pod.Addr()); err != nil {
+					return nil, err
+				}
+				break
+			}
+		}
+	}
+	// Flush only after the DNAT exists: flushing first lets a packet in between
+	// re-create the very entry removed.
+	pm.flush(m)
+	return res, nil
+}
+
+// flush removes stale UDP conntrack entries for a marker's ports. Failures are only
+// logged: the forward works, and the entries expire by themselves.
+func (pm *portmap) flush(m marker) {
+	for _, f := range []struct {
+		v6    bool
+		ports []uint16
+	}{{false, m.UDP4}, {true, m.UDP6}} {
+		if len(f.ports) == 0 {
+			continue
+		}
+		if err := pm.flushUDP(f.v6, f.ports); err != nil {
+			pm.logf("flushing stale UDP conntrack entries of %s: %v", m.Owner, err)
+		}
+	}
+}
+
+// del removes exactly this attachment's host ports, found through its marker, so the
+// runtime need not pass portMappings again. Without a marker but with portMappings
+// in the configuration, the attachment was set up by the reference portmap (or the
+// marker was lost): its rules are removed from both backends. Without either there
+// is nothing to do, at no cost. Whatever is already gone is success.
+func (pm *portmap) del(ctx context.Context, in *cniplumb.Input) error {
+	owner := in.Owner()
+	m, ok, err := pm.state.read(owner)
+	if err != nil {
+		return err
+	}
+	if ok {
+		kinds := []netfilter.Kind{m.Backend}
+		if m.Backend == netfilter.Auto { // unreadable marker: try both
+			kinds = []netfilter.Kind{netfilter.KindIPTables, netfilter.KindNFTables}
+		}
+		if err := pm.removeWith(ctx, kinds, owner, m.Families); err != nil {
+			return err
+		}
+		pm.flush(m)
+		return pm.state.remove(owner)
+	}
+	tc := parseTeardownConf(in.Stdin)
+	if !tc.HasMappings {
+		return nil
+	}
+	if err := pm.removeWith(ctx, []netfilter.Kind{netfilter.KindIPTables, netfilter.KindNFTables}, owner, netfilter.All); err != nil {
+		return err
+	}
+	pm.flush(marker{Owner: owner.Key(), UDP4: tc.UDPPorts, UDP6: tc.UDPPorts})
+	return nil
+}
+
+// removeWith removes owner's rules with each backend kind; a backend this node does
+// not have holds no rules.
+func (pm *portmap) removeWith(ctx context.Context, kinds []netfilter.Kind, owner cniplumb.Owner, fams netfilter.Families) error {
+	var errs []error
+	for _, k := range kinds {
+		fw, _, err := pm.open(k)
+		if cniplumb.Code(err) == cniplumb.CodeNotAvailable {
+			continue
+		}
+		if err == nil {
+			err = fw.Remove(ctx, owner, fams)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("removing host ports of %s (%s): %w", owner, k, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// check verifies the attachment's rules are installed as configured. Without
+// portMappings it only looks for a leftover marker (no firewall access).
+func (pm *portmap) check(ctx context.Context, in *cniplumb.Input) error {
+	conf, err := parseConf(in.Stdin)
+	if err != nil {
+		return err
+	}
+	res, err := in.RequirePrevResult()
+	if err != nil {
+		return err
+	}
+	owner := in.Owner()
+	m, ok, err := pm.state.read(owner)
+	if err != nil {
+		return err
+	}
+	plan, err := planHostPorts(conf, owner, res, in.IfName)
+	if err != nil {
+		return err
+	}
+	if plan.Empty() {
+		if ok {
+			return fmt.Errorf("%s has host ports installed (%s) but its configuration has no portMappings; run DEL and ADD again", owner, m)
+		}
+		return nil
+	}
+	if !ok {
+		return fmt.Errorf("%s has no host ports installed although its configuration has portMappings; run DEL and ADD again", owner)
+	}
+	fw, _, err := pm.open(m.Backend)
+	if err != nil {
+		return err
+	}
+	if err := fw.Check(ctx, plan); err != nil {
+		return fmt.Errorf("checking host ports of %s (%s): %w", owner, m.Backend, err)
+	}
+	return nil
+}
+
+// gc removes the host ports of every attachment of this network that the runtime
+// does not list, with the configured backend and every backend a marker names, and
+// their markers.
+func (pm *portmap) gc(ctx context.Context, in *cniplumb.Input) error {
+	tc := parseTeardownConf(in.Stdin)
+	network := in.Conf.Name
+	markers, err := pm.state.list(network)
+	if err != nil {
+		return err
+	}
+	kinds := []netfilter.Kind{}
+	seen := map[netfilter.Kind]bool{}
+	addKind := func(k netfilter.Kind) {
+		if !seen[k] {
+			seen[k] = true
+			kinds = append(kinds, k)
+		}
+	}
+	if _, k, err := pm.open(tc.Backend); err == nil {
+		addKind(k)
+	}
+	for _, m := range markers {
+		if m.Backend != netfilter.Auto {
+			addKind(m.Backend)
+		}
+	}
+	var errs []error
+	for _, k := range kinds {
+		fw, _, err := pm.open(k)
+		if cniplumb.Code(err) == cniplumb.CodeNotAvailable {
+			continue
+		}
+		if err == nil {
+			err = fw.GC(ctx, network, in.ValidAttachments)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("collecting host ports of network %s (%s): %w", network, k, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err // keep the markers, so the next GC or DEL tries again
+	}
+	valid := map[netfilter.OwnerID]bool{}
+	for o := range in.ValidAttachments {
+		if o.Network == network {
+			valid[netfilter.IDOf(o)] = true
+		}
+	}
+	for _, m := range markers {
+		if valid[m.id] {
+			continue
+		}
+		pm.flush(m.marker)
+		if err := os.Remove(m.file); err != nil && !os.IsNotExist(err) {
+			errs = append(errs, cniplumb.IOError("removing portmap state "+m.file, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// status reports the configured backend unusable (code 50) when it is.
+func (pm *portmap) status(_ context.Context, in *cniplumb.Input) error {
+	conf, err := parseConf(in.Stdin)
+	if err != nil {
+		return err
+	}
+	_, err = netfilter.Pick(conf.Backend, pm.probe())
+	return err
+}
