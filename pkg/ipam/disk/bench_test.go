@@ -76,3 +76,59 @@ func BenchmarkDel(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkReference measures the same ADD and DEL with the reference host-local's
+// own disk backend (its GetByID and ReleaseByID read every lease file), for the
+// README's comparison. The allocation loop around it mirrors the reference
+// allocator's Get: refuse a duplicate, then Reserve round-robin from the last address.
+// At 10,000 leases one call takes about half a second, so it runs only with
+// PODWIRE_BENCH_REFERENCE=1, and briefly: -bench Reference -benchtime=10x.
+func BenchmarkReference(b *testing.B) {
+	if os.Getenv("PODWIRE_BENCH_REFERENCE") == "" {
+		b.Skip("set PODWIRE_BENCH_REFERENCE=1 to measure the reference backend (slow)")
+	}
+	for _, n := range []int{0, 10000} {
+		for _, op := range []string{"add", "del"} {
+			b.Run(fmt.Sprintf("%s/leases=%d", op, n), func(b *testing.B) {
+				st, c := preload(b, n)
+				ref := refStore(b, filepath.Dir(st.Dir()))
+				set := c.RangeSets[0]
+				refAdd := func(id string) {
+					ref.Lock()
+					defer ref.Unlock()
+					if len(ref.GetByID(id, "eth0")) > 0 {
+						b.Fatalf("duplicate %s", id)
+					}
+					last, _ := ref.LastReservedIP("0")
+					it := ipam.NewIter(set, last)
+					for ip, _ := it.Next(); ip != nil; ip, _ = it.Next() {
+						if ok, err := ref.Reserve(id, "eth0", ip, "0"); err != nil {
+							b.Fatal(err)
+						} else if ok {
+							return
+						}
+					}
+					b.Fatal("range full")
+				}
+				if op == "add" {
+					b.ResetTimer()
+					for i := 0; i < b.N; i++ {
+						refAdd(fmt.Sprint("ref", i))
+					}
+					return
+				}
+				for i := 0; i < b.N; i++ {
+					refAdd(fmt.Sprint("ref", i))
+				}
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					ref.Lock()
+					if err := ref.ReleaseByID(fmt.Sprint("ref", i), "eth0"); err != nil {
+						b.Fatal(err)
+					}
+					ref.Unlock()
+				}
+			})
+		}
+	}
+}
