@@ -291,10 +291,11 @@ func planHostPortIPTables(fam Family, st hpState, ch hpChange) (*restoreScript, 
 				adds = append(adds, "-A "+HostPortMasqChain+" "+rule)
 			}
 		}
-	} else if ch.teardown && st.top.exists && topLeft == 0 && len(dels) > 0 {
+	} else if ch.teardown && st.top.exists && topLeft == 0 {
 		// The last host port of the node went: remove the shared chains too, so a node
-		// without host ports carries nothing of portmap's. Only together with a real
-		// removal, so a repeated DEL stays a no-op.
+		// without host ports carries nothing of portmap's. This also clears the empty
+		// shared chains the reference's DEL leaves behind; once they are gone, a
+		// repeated DEL finds no CNI-HOSTPORT-DNAT and does nothing.
 		if st.masq == nil {
 			return nil, errNeedListing(HostPortMasqChain)
 		}
