@@ -6,9 +6,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
-
-	"github.com/containernetworking/cni/libcni"
 
 	"github.com/podwire/podwire/integration/nstest"
 )
@@ -27,18 +26,17 @@ type set struct {
 	has map[string]bool
 }
 
-func (s *set) Has(types ...string) bool {
+// Has reports whether the set ships every one of types.
+func (s *set) Has(types ...string) bool { return len(s.missing(types...)) == 0 }
+
+func (s *set) missing(types ...string) []string {
+	var out []string
 	for _, t := range types {
 		if !s.has[t] {
-			return false
+			out = append(out, t)
 		}
 	}
-	return true
-}
-
-// CNI returns a libcni client using this set's binaries and a private cache dir.
-func (s *set) CNI(t testing.TB) *libcni.CNIConfig {
-	return libcni.NewCNIConfigWithCacheDir([]string{s.Dir}, t.TempDir(), nil)
+	return out
 }
 
 func newSet(name, dir string) *set {
@@ -89,41 +87,89 @@ func referenceSet(t testing.TB) *set {
 }
 
 // floorSet builds the no-op plugin and links it under every plugin name, so a chain of
-// the same shape measures only process starts.
-func floorSet(t testing.TB) *set {
+// the same shape measures only process starts. It also returns a directory holding the
+// no-op as "bench-noop", which every set gets on its CNI_PATH (a first plugin that
+// hands a fixed result to a chained plugin measured alone), and the rsswrap binary.
+func floorSet(t testing.TB) (floor *set, helpers, rsswrap string) {
 	root, err := nstest.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
 	noop := filepath.Join(dir, "noop")
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", noop, "./integration/bench/noop")
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building noop plugin: %v\n%s", err, out)
+	rsswrap = filepath.Join(dir, "rsswrap")
+	for bin, pkg := range map[string]string{noop: "./integration/bench/noop", rsswrap: "./integration/bench/rsswrap"} {
+		cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, pkg)
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("building %s: %v\n%s", pkg, err, out)
+		}
 	}
-	for _, p := range pluginTypes {
-		if err := os.Symlink(noop, filepath.Join(dir, p)); err != nil {
+	floorDir := filepath.Join(dir, "floor")
+	helpers = filepath.Join(dir, "helpers")
+	for _, d := range []string{floorDir, helpers} {
+		if err := os.Mkdir(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
-	return newSet("floor", dir)
+	for _, p := range pluginTypes {
+		if err := os.Symlink(noop, filepath.Join(floorDir, p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(noop, filepath.Join(helpers, "bench-noop")); err != nil {
+		t.Fatal(err)
+	}
+	return newSet("floor", floorDir), helpers, rsswrap
 }
 
-// ourSet builds podwire's plugins the way `make build` does (stripped).
-func ourSet(t testing.TB) *set {
+// ourSet builds podwire's plugins the way `make build` does (stripped) and describes
+// what was built. By default that is the working tree, uncommitted changes included;
+// PODWIRE_BENCH_REV=<rev> builds a clean export of that git revision instead (what the
+// committed BENCHMARKS.md is made from).
+func ourSet(t testing.TB) (*set, string) {
 	root, err := nstest.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
+	src := root
+	var desc string
+	if rev := os.Getenv("PODWIRE_BENCH_REV"); rev != "" {
+		sha := strings.TrimSpace(gitOut(t, root, "rev-parse", "--short=12", rev+"^{commit}"))
+		src = t.TempDir()
+		archive := exec.Command("sh", "-c", fmt.Sprintf("git -C %q archive %s | tar -x -C %q", root, sha, src))
+		if out, err := archive.CombinedOutput(); err != nil {
+			t.Fatalf("exporting %s: %v\n%s", rev, err, out)
+		}
+		desc = fmt.Sprintf("commit %s, a clean `git archive` export built with `make build`", sha)
+		cmd := exec.Command("make", "-s", "build", "BIN_DIR="+dir, "VERSION="+sha)
+		cmd.Dir = src
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("make build of %s: %v\n%s", sha, err, out)
+		}
+		return newSet("podwire", dir), desc
+	}
+	sha := strings.TrimSpace(gitOut(t, root, "rev-parse", "--short=12", "HEAD"))
+	desc = "the working tree at commit " + sha + ", built with `make build`"
+	if dirty := strings.TrimSpace(gitOut(t, root, "status", "--porcelain", "--", "plugins", "pkg")); dirty != "" {
+		desc += fmt.Sprintf(" with %d uncommitted file(s) under plugins/ and pkg/", len(strings.Split(dirty, "\n")))
+	}
 	cmd := exec.Command("make", "-s", "build", "BIN_DIR="+dir)
-	cmd.Dir = root
+	cmd.Dir = src
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("make build: %v\n%s", err, out)
 	}
-	return newSet("podwire", dir)
+	return newSet("podwire", dir), desc
+}
+
+func gitOut(t testing.TB, dir string, args ...string) string {
+	out, err := exec.Command("git", append([]string{"-C", dir}, args...)...).Output()
+	if err != nil {
+		t.Fatalf("git %s: %v", strings.Join(args, " "), err)
+	}
+	return string(out)
 }
 
 func ctxBG() context.Context { return context.Background() }

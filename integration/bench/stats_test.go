@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// sample is a series of durations for one (benchmark, set, operation).
+// sample is a series of durations for one (benchmark, column, operation).
 type sample []time.Duration
 
 func (s sample) quantile(q float64) time.Duration {
@@ -25,68 +25,100 @@ func (s sample) p95() time.Duration    { return s.quantile(0.95) }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d)/1e6) }
 
-// report accumulates the markdown table rows.
-type report struct {
-	sections []string
-	rows     map[string][]string
-	notes    []string
+// cell renders a sample as "median / p95" in ms, or n/a when there is none.
+func cell(s sample) string {
+	if len(s) == 0 {
+		return "n/a"
+	}
+	return ms(s.median()) + " / " + ms(s.p95())
 }
 
-func newReport() *report { return &report{rows: map[string][]string{}} }
-
-func (r *report) section(name string) {
-	r.sections = append(r.sections, name)
+// delta renders the difference of two medians in ms, signed.
+func delta(s, base sample) string {
+	if len(s) == 0 || len(base) == 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%+.1f", float64(s.median()-base.median())/1e6)
 }
 
-func (r *report) row(cells ...string) {
-	sec := r.sections[len(r.sections)-1]
-	r.rows[sec] = append(r.rows[sec], "| "+strings.Join(cells, " | ")+" |")
+// ratio renders num's median over den's as "N.N×".
+func ratio(num, den sample) string {
+	if len(num) == 0 || len(den) == 0 || den.median() <= 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.1f×", float64(num.median())/float64(den.median()))
 }
 
-func (r *report) note(format string, a ...any) {
-	r.notes = append(r.notes, fmt.Sprintf(format, a...))
+// fraction renders num's median over den's as a plain decimal (0.25 = a quarter).
+func fraction(num, den sample) string {
+	if len(num) == 0 || len(den) == 0 || den.median() <= 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f", float64(num.median())/float64(den.median()))
 }
+
+// table is one section of BENCHMARKS.md: a heading, a markdown table and notes.
+type table struct {
+	name   string
+	intro  string
+	header []string
+	rows   [][]string
+	notes  []string
+}
+
+func (t *table) row(cells ...string) { t.rows = append(t.rows, cells) }
+
+func (t *table) note(format string, a ...any) {
+	n := fmt.Sprintf(format, a...)
+	for _, have := range t.notes {
+		if have == n {
+			return
+		}
+	}
+	t.notes = append(t.notes, n)
+}
+
+// timingHeader is the header of sections that compare the three sets on one operation
+// per row.
+var timingHeader = []string{"benchmark", "floor ms (median / p95)", "reference ms", "podwire ms",
+	"reference − floor", "podwire − floor", "reference / podwire"}
 
 // timingRow writes one row comparing floor, reference and podwire medians and p95s.
-func (r *report) timingRow(name string, floor, ref, ours sample) {
-	cell := func(s sample) string {
-		if len(s) == 0 {
-			return "n/a"
-		}
-		return ms(s.median()) + " / " + ms(s.p95())
-	}
-	over := func(s sample) string {
-		if len(s) == 0 || len(floor) == 0 {
-			return "n/a"
-		}
-		return fmt.Sprintf("%+.1f", float64(s.median()-floor.median())/1e6)
-	}
-	ratio := "n/a"
-	if len(ref) > 0 && len(ours) > 0 && ours.median() > 0 {
-		ratio = fmt.Sprintf("%.1f×", float64(ref.median())/float64(ours.median()))
-	}
-	r.row(name, cell(floor), cell(ref), cell(ours), over(ref), over(ours), ratio)
+func (t *table) timingRow(name string, floor, ref, ours sample) {
+	t.row(name, cell(floor), cell(ref), cell(ours), delta(ref, floor), delta(ours, floor), ratio(ref, ours))
 }
 
-const timingHeader = "| benchmark | floor ms (median / p95) | reference ms | podwire ms | reference − floor | podwire − floor | reference / podwire |\n|---|---|---|---|---|---|---|"
+// report is every table of one run, in order.
+type report struct {
+	tables []*table
+}
+
+func (r *report) section(name string, header ...string) *table {
+	t := &table{name: name, header: header}
+	r.tables = append(r.tables, t)
+	return t
+}
 
 func (r *report) markdown(header string) string {
 	var b strings.Builder
 	b.WriteString(header)
-	for _, s := range r.sections {
-		fmt.Fprintf(&b, "\n### %s\n\n", s)
-		rows := r.rows[s]
-		if len(rows) > 0 && !strings.HasPrefix(rows[0], "|---") && !strings.HasPrefix(rows[0], "| benchmark") && !strings.HasPrefix(rows[0], "| plugin") && !strings.HasPrefix(rows[0], "| case") {
-			b.WriteString(timingHeader + "\n")
+	for _, t := range r.tables {
+		fmt.Fprintf(&b, "\n### %s\n\n", t.name)
+		if t.intro != "" {
+			b.WriteString(t.intro + "\n\n")
 		}
-		for _, row := range rows {
-			b.WriteString(row + "\n")
+		if len(t.header) > 0 {
+			b.WriteString("| " + strings.Join(t.header, " | ") + " |\n")
+			b.WriteString("|" + strings.Repeat("---|", len(t.header)) + "\n")
+			for _, row := range t.rows {
+				b.WriteString("| " + strings.Join(row, " | ") + " |\n")
+			}
 		}
-	}
-	if len(r.notes) > 0 {
-		b.WriteString("\n### Notes\n\n")
-		for _, n := range r.notes {
-			b.WriteString("- " + n + "\n")
+		if len(t.notes) > 0 {
+			b.WriteString("\n")
+			for _, n := range t.notes {
+				b.WriteString("- " + n + "\n")
+			}
 		}
 	}
 	return b.String()

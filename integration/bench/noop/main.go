@@ -34,7 +34,7 @@ func add(args *skel.CmdArgs) error {
 	res := c.PrevResult
 	// Standing in for a main plugin, start the IPAM process it would start, so the
 	// floor has the same number of process starts as the chain it is compared with.
-	if res == nil && c.IPAM.Type != "" && os.Getenv(delegatedEnv) == "" {
+	if res == nil && delegates(&c) {
 		os.Setenv(delegatedEnv, "1") // the delegate is noop too: it must not recurse
 		r, err := invoke.DelegateAdd(context.Background(), c.IPAM.Type, args.StdinData, nil)
 		if err != nil {
@@ -60,11 +60,18 @@ func del(args *skel.CmdArgs) error {
 	if err := json.Unmarshal(args.StdinData, &c); err != nil {
 		return fmt.Errorf("parsing config: %w", err)
 	}
-	if c.IPAM.Type != "" && os.Getenv(delegatedEnv) == "" {
+	if delegates(&c) {
 		os.Setenv(delegatedEnv, "1")
 		return invoke.DelegateDel(context.Background(), c.IPAM.Type, args.StdinData, nil)
 	}
 	return nil
+}
+
+// delegates reports whether this call stands in for a main plugin with an IPAM
+// plugin: not when it is itself the delegate, and not when it stands in for the IPAM
+// plugin run on its own (host-local as the chain's only plugin reads its own "ipam").
+func delegates(c *conf) bool {
+	return c.IPAM.Type != "" && c.IPAM.Type != c.Type && os.Getenv(delegatedEnv) == ""
 }
 
 const delegatedEnv = "PODWIRE_NOOP_DELEGATED"

@@ -1,0 +1,149 @@
+package bench
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/plugins/pkg/ns"
+)
+
+// burst is one round of n concurrent pods for one runner: wall times of all ADDs and
+// then all DELs, and how many of each failed.
+type burst struct {
+	add, del         time.Duration
+	addFail, delFail int
+}
+
+// runBurst creates n pod netns (before timing), starts n full-chain ADDs at once and
+// waits for the last, then the same for their DELs, then removes the pods.
+func (e *env) runBurst(r *runner, list *libcni.NetworkConfigList, n, round int) (burst, []error) {
+	pods := make([]ns.NetNS, n)
+	rts := make([]*libcni.RuntimeConf, n)
+	for i := range pods {
+		pods[i] = r.h.NewPod()
+		rts[i] = &libcni.RuntimeConf{
+			ContainerID:    fmt.Sprintf("conc-%s-%d-%d-%d", r.set.Name, n, round, i),
+			NetNS:          pods[i].Path(),
+			IfName:         "eth0",
+			CapabilityArgs: chainCaps(10_000 + i),
+		}
+	}
+	defer func() {
+		for _, p := range pods {
+			r.h.DeletePod(p)
+		}
+	}()
+	c := e.cni(r.set)
+	var errs []error
+	all := func(op func(rt *libcni.RuntimeConf) error) (time.Duration, int) {
+		start := make(chan struct{})
+		res := make([]error, n)
+		var wg sync.WaitGroup
+		for i := range rts {
+			wg.Add(1)
+			go func(i int) {
+				defer wg.Done()
+				<-start
+				res[i] = r.h.InHost(func() error { return op(rts[i]) })
+			}(i)
+		}
+		time.Sleep(50 * time.Millisecond) // let every goroutine reach the gate
+		t0 := time.Now()
+		close(start)
+		wg.Wait()
+		wall := time.Since(t0)
+		failed := 0
+		for _, err := range res {
+			if err != nil {
+				failed++
+				if len(errs) < 3 {
+					errs = append(errs, err)
+				}
+			}
+		}
+		return wall, failed
+	}
+	var b burst
+	b.add, b.addFail = all(func(rt *libcni.RuntimeConf) error {
+		_, err := c.AddNetworkList(ctxBG(), list, rt)
+		return err
+	})
+	b.del, b.delFail = all(func(rt *libcni.RuntimeConf) error { return c.DelNetworkList(ctxBG(), list, rt) })
+	return b, errs
+}
+
+func benchConcurrent(e *env, t *testing.T) {
+	tbl := e.rep.section("4. Concurrent pods",
+		"pods at once", "op", "floor wall s", "reference wall s", "podwire wall s", "reference / podwire")
+	tbl.intro = "n full-chain ADDs started at once (distinct container IDs and hostPorts, a fresh pod netns each, " +
+		"made before timing), wall time until the last returns; then their n DELs the same way. " +
+		"Seconds, median over the rounds (max in parentheses), and failed calls out of all calls in those rounds. " +
+		defaultBackends
+	sizes := []struct{ n, rounds int }{{32, 3}, {100, 2}}
+	if e.quick {
+		sizes = []struct{ n, rounds int }{{32, 1}}
+		tbl.note("bench-quick runs 32 pods, one round")
+	}
+	runners := available(tbl, e.baseRunners(), chainTypes...)
+	type agg struct {
+		add, del         []time.Duration
+		addFail, delFail int
+	}
+	for _, sz := range sizes {
+		res := map[*runner]*agg{}
+		for _, r := range runners {
+			res[r] = &agg{}
+		}
+		for round := 0; round < sz.rounds; round++ {
+			for j := range runners {
+				r := runners[(round+j)%len(runners)]
+				list, err := e.conflist(r, "bench", chainConf("", ""))
+				must(t, err, "conflist")
+				b, errs := e.runBurst(r, list, sz.n, round)
+				a := res[r]
+				a.add, a.del = append(a.add, b.add), append(a.del, b.del)
+				a.addFail += b.addFail
+				a.delFail += b.delFail
+				for _, err := range errs {
+					tbl.note("%s, %d pods, round %d: %s", r.label, sz.n, round+1, oneLine(err))
+				}
+				t.Logf("%s %d pods round %d: ADD %s (%d failed), DEL %s (%d failed)", r.label, sz.n, round+1,
+					b.add.Round(time.Millisecond), b.addFail, b.del.Round(time.Millisecond), b.delFail)
+			}
+		}
+		for _, op := range []string{"ADD", "DEL"} {
+			cellOf := func(s *set) (string, time.Duration) {
+				for r, a := range res {
+					if r.set != s {
+						continue
+					}
+					walls, fails := a.add, a.addFail
+					if op == "DEL" {
+						walls, fails = a.del, a.delFail
+					}
+					sorted := append([]time.Duration(nil), walls...)
+					sort.Slice(sorted, func(i, j int) bool { return sorted[i] < sorted[j] })
+					med := sorted[len(sorted)/2]
+					if len(sorted)%2 == 0 {
+						med = (sorted[len(sorted)/2-1] + med) / 2
+					}
+					return fmt.Sprintf("%.2f (%.2f), %d/%d failed", med.Seconds(), sorted[len(sorted)-1].Seconds(),
+						fails, sz.n*sz.rounds), med
+				}
+				return "n/a", 0
+			}
+			f, _ := cellOf(e.floor)
+			rc, rm := cellOf(e.ref)
+			oc, om := cellOf(e.ours)
+			rat := "n/a"
+			if rm > 0 && om > 0 {
+				rat = fmt.Sprintf("%.1f×", rm.Seconds()/om.Seconds())
+			}
+			tbl.row(fmt.Sprintf("%d", sz.n), op, f, rc, oc, rat)
+		}
+	}
+}

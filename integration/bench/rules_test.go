@@ -1,0 +1,164 @@
+package bench
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/podwire/podwire/integration/nstest"
+)
+
+// kubeProxyRules renders an iptables-restore file for the nat table holding exactly n
+// rules shaped like kube-proxy's (iptables mode) for ClusterIP services with two
+// endpoints each: a KUBE-SERVICES match per service jumping to its KUBE-SVC-* chain,
+// which masquerades off-cluster sources and picks a KUBE-SEP-* chain at random; each
+// KUBE-SEP-* marks hairpin traffic and DNATs to its endpoint. Every rule has a
+// comment, as kube-proxy's do. Eight rules and three chains per service.
+func kubeProxyRules(n int) string {
+	var chains, rules []string
+	add := func(format string, a ...any) bool {
+		if len(rules) >= n {
+			return false
+		}
+		rules = append(rules, fmt.Sprintf(format, a...))
+		return true
+	}
+	chains = append(chains, ":KUBE-SERVICES - [0:0]", ":KUBE-MARK-MASQ - [0:0]", ":KUBE-POSTROUTING - [0:0]")
+	add(`-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES`)
+	add(`-A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES`)
+	add(`-A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING`)
+	add(`-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000`)
+	add(`-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN`)
+	add(`-A KUBE-POSTROUTING -j MARK --xor-mark 0x4000`)
+	add(`-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully`)
+	for s := 0; len(rules) < n; s++ {
+		svc := fmt.Sprintf("KUBE-SVC-%016X", uint64(s)*0x9E3779B97F4A7C15>>8)
+		ip := fmt.Sprintf("10.96.%d.%d", s/250, s%250+1)
+		name := fmt.Sprintf("ns%d/svc-%d:http", s%97, s)
+		chains = append(chains, ":"+svc+" - [0:0]")
+		add(`-A KUBE-SERVICES -d %s/32 -p tcp -m comment --comment "%s cluster IP" -m tcp --dport 80 -j %s`, ip, name, svc)
+		add(`-A %s ! -s 10.244.0.0/16 -d %s/32 -p tcp -m comment --comment "%s cluster IP" -m tcp --dport 80 -j KUBE-MARK-MASQ`, svc, ip, name)
+		for ep := 0; ep < 2; ep++ {
+			k := 2*s + ep
+			sep := fmt.Sprintf("KUBE-SEP-%016X", uint64(k)*0xC2B2AE3D27D4EB4F>>8)
+			epIP := fmt.Sprintf("10.244.%d.%d", k/250, k%250+1)
+			chains = append(chains, ":"+sep+" - [0:0]")
+			if ep == 0 {
+				add(`-A %s -m comment --comment "%s -> %s:8080" -m statistic --mode random --probability 0.50000000000 -j %s`, svc, name, epIP, sep)
+			} else {
+				add(`-A %s -m comment --comment "%s -> %s:8080" -j %s`, svc, name, epIP, sep)
+			}
+			add(`-A %s -s %s/32 -m comment --comment "%s" -j KUBE-MARK-MASQ`, sep, epIP, name)
+			add(`-A %s -p tcp -m comment --comment "%s" -m tcp -j DNAT --to-destination %s:8080`, sep, name, epIP)
+		}
+	}
+	return "*nat\n" + strings.Join(chains, "\n") + "\n" + strings.Join(rules, "\n") + "\nCOMMIT\n"
+}
+
+// loadRules loads a ruleset into the host netns of h with one iptables-restore.
+func loadRules(t *testing.T, h *nstest.H, file string) {
+	if out, err := nstest.RunIn(h.HostNS, "iptables-restore", "-w", file); err != nil {
+		t.Fatalf("loading foreign rules: %v\n%s", err, out)
+	}
+}
+
+func benchForeignRules(e *env, t *testing.T) {
+	tbl := e.rep.section("3. Chain with foreign iptables nat rules",
+		"chain", "foreign nat rules", "op", "floor", "reference (iptables)", "podwire iptables", "podwire nftables",
+		"reference Δ vs 0 rules", "podwire iptables Δ vs 0 rules", "podwire nftables Δ vs 0 rules", "podwire iptables / reference")
+	tbl.intro = "The host netns of every column but the floor's first gets a kube-proxy-like nat table loaded with one " +
+		"iptables-restore (ClusterIP services with two endpoints: KUBE-SERVICES → KUBE-SVC-* → KUBE-SEP-* with comments, " +
+		"`statistic` and DNAT rules; eight rules and three chains per service). Both of podwire's netfilter users are set to " +
+		"the backend named by the column (bridge `ipMasqBackend` and portmap `backend`), the reference's to iptables. " +
+		"Each column runs in a fresh host netns per rule count, after one untimed ADD/DEL. " +
+		"Milliseconds, median / p95; Δ columns compare medians with the same column at 0 rules; the last column is " +
+		"podwire's iptables median over the reference's (0.33 = a third)."
+	counts := []int{0, 20_000, 60_000}
+	iters := 12
+	if e.quick {
+		counts, iters = []int{0, 60_000}, 6
+		tbl.note("bench-quick runs only the floor and podwire nftables, at 0 and 60,000 rules")
+	}
+	tbl.note("the floor touches no netfilter, so its netns gets no foreign rules")
+	type variant struct {
+		label string
+		set   *set
+		masq  string
+		pm    string
+	}
+	ipt, nft := `,"ipMasqBackend":"iptables"`, `,"ipMasqBackend":"nftables"`
+	variants := []variant{
+		{"floor", e.floor, ipt, `,"backend":"iptables"`},
+		{"reference", e.ref, ipt, `,"backend":"iptables"`},
+		{"podwire iptables", e.ours, ipt, `,"backend":"iptables"`},
+		{"podwire nftables", e.ours, nft, `,"backend":"nftables"`},
+	}
+	confs := []struct {
+		name, text string
+		types      []string
+	}{
+		{"full chain", chainConf("@MASQ@", "@PMB@"), chainTypes},
+		{"bridge(ipMasq)+host-local", `{"cniVersion":"1.1.0","name":"@NAME@","plugins":[
+			{"type":"bridge","bridge":"cnibench2","isGateway":true,"ipMasq":true@MASQ@,
+			 "ipam":{"type":"host-local","ranges":[[{"subnet":"10.93.0.0/16"}]],"dataDir":"@DATADIR@"}}]}`,
+			[]string{"bridge", "host-local"}},
+	}
+	// results[conf][count][variant label]
+	results := map[string]map[int]map[string]*pair{}
+	for _, c := range confs {
+		results[c.name] = map[int]map[string]*pair{}
+	}
+	for _, n := range counts {
+		t.Run(fmt.Sprintf("%d rules", n), func(t *testing.T) {
+			file := filepath.Join(t.TempDir(), "rules")
+			must(t, os.WriteFile(file, []byte(kubeProxyRules(n)), 0o600), "writing rules")
+			var runners []*runner
+			for _, v := range variants {
+				if e.quick && v.label != "floor" && v.label != "podwire nftables" {
+					continue
+				}
+				h := nstest.New(t)
+				if n > 0 && v.set != e.floor {
+					loadRules(t, h, file)
+				}
+				runners = append(runners, &runner{label: v.label, set: v.set, h: h, pod: h.NewPod(),
+					subst: map[string]string{"@MASQ@": v.masq, "@PMB@": v.pm}})
+			}
+			for _, c := range confs {
+				res := e.timed(tbl, runners, iters, c.text, "eth0", chainCaps, c.types...)
+				results[c.name][n] = map[string]*pair{}
+				for r, p := range res {
+					results[c.name][n][r.label] = p
+				}
+			}
+		})
+	}
+	for _, c := range confs {
+		for _, n := range counts {
+			for _, op := range []string{"ADD", "DEL"} {
+				get := func(label string, n int) sample {
+					p := results[c.name][n][label]
+					if p == nil {
+						return nil
+					}
+					if op == "DEL" {
+						return p.del
+					}
+					return p.add
+				}
+				d0 := func(label string) string {
+					if n == 0 {
+						return "—"
+					}
+					return delta(get(label, n), get(label, 0))
+				}
+				tbl.row(c.name, fmt.Sprintf("%d", n), op,
+					cell(get("floor", n)), cell(get("reference", n)), cell(get("podwire iptables", n)), cell(get("podwire nftables", n)),
+					d0("reference"), d0("podwire iptables"), d0("podwire nftables"),
+					fraction(get("podwire iptables", n), get("reference", n)))
+			}
+		}
+	}
+}
