@@ -314,6 +314,29 @@ func TestTornIndexEntry(t *testing.T) {
 	}
 }
 
+// TestIndexDeleted: removing .podwire (as the README suggests after switching back to
+// the reference) is safe: the next call rebuilds it from the lease files.
+func TestIndexDeleted(t *testing.T) {
+	dataDir := t.TempDir()
+	st := open(t, dataDir, disk.Options{})
+	c := parse(t, dual)
+	allocate(t, st, c, own("a"))
+	allocate(t, st, c, own("b"))
+	ipam.Release(ctx, st, own("a")) // leaves spares too
+	if err := os.RemoveAll(filepath.Join(dataDir, network, ".podwire")); err != nil {
+		t.Fatal(err)
+	}
+	if got := leasesOf(t, st, own("b")); !cmp.Equal(got, []string{"10.0.0.3", "fd00::3"}) {
+		t.Errorf("after deleting the index, b holds %v", got)
+	}
+	if err := ipam.Release(ctx, st, own("b")); err != nil {
+		t.Fatal(err)
+	}
+	if got := allocate(t, st, c, own("c")); !cmp.Equal(got, []string{"10.0.0.4", "fd00::4"}) {
+		t.Errorf("ADD after deleting the index got %v", got)
+	}
+}
+
 // TestReboot: leases podwire recorded in a previous boot are reclaimable; leases it
 // never saw before this boot, or whose file was re-created, are not.
 func TestReboot(t *testing.T) {
