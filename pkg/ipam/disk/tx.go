@@ -233,7 +233,10 @@ func (t *tx) probe(name string) (bool, error) {
 	if err != nil {
 		return false, ioError("checking lease "+name, err)
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size > 4096 {
+	// Only a file too short to hold "<id>\r\n<ifname>" can be an empty or
+	// whitespace-only one; skipping the read for the others keeps a walk over taken
+	// addresses at one lstat per address.
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size >= 4 {
 		return false, nil
 	}
 	b, id, err := t.readLease(name)
