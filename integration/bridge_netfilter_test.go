@@ -39,7 +39,34 @@ func inNS(t *testing.T, n ns.NetNS, f func() error) {
 	}
 }
 
-// observe returns what the node shows for the masquerade feature, read with the
+// genericFeature exercises the generic owner-tagged layer (macspoofchk and portmap's
+// nftables rules use it) with masquerade-like rules: chain PW-GENTEST-POSTROUTING,
+// table inet podwire_gentest. bridge's ipMasq itself uses the reference's layout
+// (TestMasqBackends).
+var genericFeature = netfilter.Feature{Name: "gentest", Hooks: []netfilter.Hook{netfilter.NATPostrouting}}
+
+// genericPlan is three rules per address: return for the subnet, return for
+// multicast, masquerade the rest.
+func genericPlan(o cniplumb.Owner, addrs []netip.Prefix) netfilter.Plan {
+	p := netfilter.Plan{Feature: genericFeature, Owner: o}
+	for _, a := range addrs {
+		fam := netfilter.FamilyOf(a.Addr())
+		mc := netip.MustParsePrefix("224.0.0.0/4")
+		if fam == netfilter.IPv6 {
+			mc = netip.MustParsePrefix("ff00::/8")
+		}
+		src := netip.PrefixFrom(a.Addr(), a.Addr().BitLen())
+		hook := netfilter.NATPostrouting
+		p.Rules = append(p.Rules,
+			netfilter.Rule{Hook: hook, Family: fam, Match: netfilter.Match{Src: src, Dst: a.Masked()}, Action: netfilter.Action{Kind: netfilter.Return}},
+			netfilter.Rule{Hook: hook, Family: fam, Match: netfilter.Match{Src: src, Dst: mc}, Action: netfilter.Action{Kind: netfilter.Return}},
+			netfilter.Rule{Hook: hook, Family: fam, Match: netfilter.Match{Src: src}, Action: netfilter.Action{Kind: netfilter.Masquerade}},
+		)
+	}
+	return p
+}
+
+// observe returns what the node shows for the generic test feature, read with the
 // operators' tools.
 func observe(t *testing.T, n ns.NetNS, kind netfilter.Kind) string {
 	t.Helper()
@@ -47,9 +74,9 @@ func observe(t *testing.T, n ns.NetNS, kind netfilter.Kind) string {
 	var err error
 	if kind == netfilter.KindIPTables {
 		out, err = exec.Command("nsenter", "--net="+n.Path(), "sh", "-c",
-			"iptables -w -t nat -S PW-MASQ-POSTROUTING 2>/dev/null; ip6tables -w -t nat -S PW-MASQ-POSTROUTING 2>/dev/null; true").CombinedOutput()
+			"iptables -w -t nat -S PW-GENTEST-POSTROUTING 2>/dev/null; ip6tables -w -t nat -S PW-GENTEST-POSTROUTING 2>/dev/null; true").CombinedOutput()
 	} else {
-		out, err = exec.Command("nsenter", "--net="+n.Path(), "sh", "-c", "nft list table inet podwire_masq 2>/dev/null; true").CombinedOutput()
+		out, err = exec.Command("nsenter", "--net="+n.Path(), "sh", "-c", "nft list table inet podwire_gentest 2>/dev/null; true").CombinedOutput()
 	}
 	if err != nil {
 		t.Fatalf("observing rules: %v\n%s", err, out)
@@ -73,9 +100,9 @@ func TestNetfilterBackends(t *testing.T) {
 			a := cniplumb.Owner{Network: "nfnet", ContainerID: "ctr-a", IfName: "eth0"}
 			bo := cniplumb.Owner{Network: "nfnet", ContainerID: "ctr-b", IfName: "eth0"}
 			other := cniplumb.Owner{Network: "othernet", ContainerID: "ctr-a", IfName: "eth0"}
-			pa := netfilter.PlanMasquerade(a, []netip.Prefix{netip.MustParsePrefix("10.9.0.2/24")})
-			pb := netfilter.PlanMasquerade(bo, []netip.Prefix{netip.MustParsePrefix("10.9.0.3/24"), netip.MustParsePrefix("fd09::3/64")})
-			po := netfilter.PlanMasquerade(other, []netip.Prefix{netip.MustParsePrefix("10.8.0.2/24")})
+			pa := genericPlan(a, []netip.Prefix{netip.MustParsePrefix("10.9.0.2/24")})
+			pb := genericPlan(bo, []netip.Prefix{netip.MustParsePrefix("10.9.0.3/24"), netip.MustParsePrefix("fd09::3/64")})
+			po := genericPlan(other, []netip.Prefix{netip.MustParsePrefix("10.8.0.2/24")})
 
 			inNS(t, n, func() error {
 				for _, p := range []netfilter.Plan{pa, pb, po, pa} { // pa twice: Apply replaces
@@ -100,7 +127,7 @@ func TestNetfilterBackends(t *testing.T) {
 						t.Errorf("Check %s: %v", p.Owner, err)
 					}
 				}
-				tags, err := b.Tags(ctx, netfilter.MasqFeature)
+				tags, err := b.Tags(ctx, genericFeature)
 				if err != nil {
 					return err
 				}
@@ -116,7 +143,7 @@ func TestNetfilterBackends(t *testing.T) {
 					t.Errorf("stale in nfnet keeping b = %+v, want only a", stale)
 				}
 				for _, st := range stale {
-					if err := b.Remove(ctx, netfilter.MasqFeature, st.ID, netfilter.All); err != nil {
+					if err := b.Remove(ctx, genericFeature, st.ID, netfilter.All); err != nil {
 						return err
 					}
 				}
@@ -124,7 +151,7 @@ func TestNetfilterBackends(t *testing.T) {
 					t.Errorf("Check after Remove = %v, want IsNotFound", err)
 				}
 				// Remove is idempotent.
-				if err := b.Remove(ctx, netfilter.MasqFeature, netfilter.IDOf(a), netfilter.All); err != nil {
+				if err := b.Remove(ctx, genericFeature, netfilter.IDOf(a), netfilter.All); err != nil {
 					t.Errorf("second Remove: %v", err)
 				}
 				if err := b.Check(ctx, pb); err != nil {
@@ -137,11 +164,11 @@ func TestNetfilterBackends(t *testing.T) {
 			}
 			inNS(t, n, func() error {
 				for _, o := range []cniplumb.Owner{bo, other} {
-					if err := b.Remove(ctx, netfilter.MasqFeature, netfilter.IDOf(o), netfilter.All); err != nil {
+					if err := b.Remove(ctx, genericFeature, netfilter.IDOf(o), netfilter.All); err != nil {
 						return err
 					}
 				}
-				return b.Remove(ctx, netfilter.MasqFeature, netfilter.IDOf(bo), netfilter.All)
+				return b.Remove(ctx, genericFeature, netfilter.IDOf(bo), netfilter.All)
 			})
 			after, err := nodestate.Take(n.Path())
 			if err != nil {
@@ -160,13 +187,13 @@ func TestNetfilterIPTablesSkipsIPv6(t *testing.T) {
 	b := netfilter.NewIPTables()
 	o := cniplumb.Owner{Network: "nfnet", ContainerID: "v4only", IfName: "eth0"}
 	inNS(t, n, func() error {
-		return b.Apply(ctx, netfilter.PlanMasquerade(o, []netip.Prefix{netip.MustParsePrefix("10.9.0.2/24")}))
+		return b.Apply(ctx, genericPlan(o, []netip.Prefix{netip.MustParsePrefix("10.9.0.2/24")}))
 	})
 	out, _ := exec.Command("nsenter", "--net="+n.Path(), "ip6tables-save").CombinedOutput()
-	if strings.Contains(string(out), "PW-MASQ") {
+	if strings.Contains(string(out), "PW-GENTEST") {
 		t.Errorf("an IPv4-only plan touched ip6tables:\n%s", out)
 	}
-	inNS(t, n, func() error { return b.Remove(ctx, netfilter.MasqFeature, netfilter.IDOf(o), netfilter.V4) })
+	inNS(t, n, func() error { return b.Remove(ctx, genericFeature, netfilter.IDOf(o), netfilter.V4) })
 }
 
 func TestNetfilterMacSpoof(t *testing.T) {
@@ -198,5 +225,86 @@ func TestNetfilterMacSpoof(t *testing.T) {
 	}
 	if d := nodestate.Diff(before, after); d != "" {
 		t.Errorf("Remove left state behind:\n%s", d)
+	}
+}
+
+// TestMasqBackends drives bridge's ipMasq backends (the reference's layout) directly:
+// a repeated Apply adds nothing, Check sees missing rules, GC removes only stale
+// attachments of its network, RemoveMasq (DEL) finds the rules whichever backend made
+// them, and nothing is left at the end.
+func TestMasqBackends(t *testing.T) {
+	for _, kind := range []netfilter.Kind{netfilter.KindIPTables, netfilter.KindNFTables} {
+		t.Run(string(kind), func(t *testing.T) {
+			n := freshNS(t)
+			before, err := nodestate.Take(n.Path())
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			var b netfilter.MasqBackend = netfilter.NewMasqNFTables()
+			if kind == netfilter.KindIPTables {
+				b = netfilter.NewMasqIPTables()
+			}
+			a := cniplumb.Owner{Network: "nfnet", ContainerID: "ctr-a", IfName: "eth0"}
+			bo := cniplumb.Owner{Network: "nfnet", ContainerID: "ctr-b", IfName: "eth0"}
+			other := cniplumb.Owner{Network: "othernet", ContainerID: "ctr-a", IfName: "eth0"}
+			pa := netfilter.MasqPlan{Owner: a, Addrs: []netip.Prefix{netip.MustParsePrefix("10.9.0.2/24"), netip.MustParsePrefix("fd09::2/64")}}
+			pb := netfilter.MasqPlan{Owner: bo, Addrs: []netip.Prefix{netip.MustParsePrefix("10.9.0.3/24")}}
+			po := netfilter.MasqPlan{Owner: other, Addrs: []netip.Prefix{netip.MustParsePrefix("10.8.0.2/24")}}
+			show := func() string {
+				out, _ := exec.Command("nsenter", "--net="+n.Path(), "sh", "-c",
+					"iptables-save -t nat; ip6tables-save -t nat; nft list table inet cni_plugins_masquerade 2>/dev/null; true").CombinedOutput()
+				return string(out)
+			}
+			inNS(t, n, func() error {
+				for _, p := range []netfilter.MasqPlan{pa, pb, po, pa} {
+					if err := b.Apply(ctx, p); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			seen := show()
+			if got := strings.Count(seen, "10.9.0.2"); got != 1 {
+				t.Errorf("10.9.0.2 appears %d times after applying twice, want once:\n%s", got, seen)
+			}
+			inNS(t, n, func() error {
+				for _, p := range []netfilter.MasqPlan{pa, pb, po} {
+					if err := b.Check(ctx, p); err != nil {
+						t.Errorf("Check %s: %v", p.Owner, err)
+					}
+				}
+				wrong := pb
+				wrong.Addrs = []netip.Prefix{netip.MustParsePrefix("10.9.0.9/24")}
+				if err := b.Check(ctx, wrong); err == nil || netfilter.IsNotFound(err) {
+					t.Errorf("Check with another address = %v, want a mismatch", err)
+				}
+				if err := b.GC(ctx, "nfnet", cniplumb.Owners{bo: true}); err != nil {
+					return err
+				}
+				if err := b.Check(ctx, pa); !netfilter.IsNotFound(err) {
+					t.Errorf("Check of a after GC = %v, want IsNotFound", err)
+				}
+				for _, p := range []netfilter.MasqPlan{pb, po} {
+					if err := b.Check(ctx, p); err != nil {
+						t.Errorf("Check %s after GC: %v", p.Owner, err)
+					}
+				}
+				// DEL's path: both layouts, whichever backend wrote them.
+				for _, o := range []cniplumb.Owner{bo, other, bo} {
+					if err := netfilter.RemoveMasq(ctx, o, nil); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			after, err := nodestate.Take(n.Path())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := nodestate.Diff(before, after); d != "" {
+				t.Errorf("removing every owner left state behind:\n%s", d)
+			}
+		})
 	}
 }

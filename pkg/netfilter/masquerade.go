@@ -1,40 +1,219 @@
 package netfilter
 
 import (
+	"context"
+	"crypto/sha512"
+	"encoding/hex"
+	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/podwire/podwire/pkg/cniplumb"
 )
 
-// MasqFeature is bridge's ipMasq: chain PW-MASQ-POSTROUTING in iptables' nat table,
-// table inet podwire_masq in nftables.
-var MasqFeature = Feature{Name: "masq", Hooks: []Hook{NATPostrouting}}
+// This file is bridge's ipMasq: the masquerade of one attachment as plain data
+// (MasqPlan), the kernel names it gets, the MasqBackend interface and the backend
+// choice. It is pure; the backends are in masq_*_linux.go.
+//
+// Unlike the other features of this package, ipMasq does not live in objects of
+// podwire's own: it uses exactly the reference bridge plugin's layout (plugins v1.10.0,
+// pkg/ip/ipmasq_*_linux.go), so a node can swap binaries under live pods. The
+// reference's DEL finds and removes what podwire's ADD made, and podwire's DEL finds
+// what the reference's ADD made, in either backend:
+//
+//	iptables: chain CNI-<sha512(network+containerID)[:24 hex]> in the nat table, with
+//	          "-d <subnet> -j ACCEPT" per subnet and "! -d 224.0.0.0/4 -j MASQUERADE"
+//	          (ff00::/8 in ip6tables); one jump per pod address from POSTROUTING,
+//	          "-s <ip>/32 -j CNI-…". Every rule is commented `name: "<net>" id: "<cid>"`.
+//	nftables: table inet cni_plugins_masquerade, base chain postrouting (nat, srcnat)
+//	          holding "ip daddr 224.0.0.0/4 return", "ip6 daddr ff00::/8 return" and
+//	          "goto masq_checks"; per pod address in masq_checks
+//	          "ip saddr <ip> ip daddr != <subnet> masquerade", commented
+//	          "<sha512(net)[:16]>-<sha512(ifname:cid)[:16]>, net: …, if: …, id: …".
+//
+// The iptables layout knows no interface name: two attachments of one network in one
+// container share a chain. podwire tells their jumps apart by source address when DEL
+// knows the addresses (prevResult) and keeps the chain while another jump uses it.
+
+// MasqPlan is the masquerade of one attachment: traffic from each address to anything
+// outside the address's subnet and not multicast leaves with the node's address.
+type MasqPlan struct {
+	Owner Owner
+	// Addrs are the pod's addresses, each with its subnet's prefix length.
+	Addrs []netip.Prefix
+}
+
+// Families returns the families of the plan's addresses.
+func (p MasqPlan) Families() Families { return prefixFamilies(p.Addrs) }
+
+func prefixFamilies(addrs []netip.Prefix) Families {
+	var s Families
+	for _, a := range addrs {
+		if FamilyOf(a.Addr()) == IPv4 {
+			s |= V4
+		} else {
+			s |= V6
+		}
+	}
+	return s
+}
+
+// Validate reports a plan no backend could install; backends call it before touching
+// the kernel.
+func (p MasqPlan) Validate() error {
+	if p.Owner.Network == "" || p.Owner.ContainerID == "" {
+		return fmt.Errorf("masquerade plan without network name or container ID: %q", p.Owner)
+	}
+	for _, a := range p.Addrs {
+		if !a.IsValid() || a.Addr().Is4In6() {
+			return fmt.Errorf("masquerade of %s: %v is not a usable address with prefix length", p.Owner, a)
+		}
+	}
+	// An iptables comment holds at most 255 bytes; the reference's ADD fails the same
+	// way, so a pod with such names could not be masqueraded by either plugin.
+	if c := masqComment(p.Owner); len(c) > 255 {
+		return fmt.Errorf("masquerade of %s: network name and container ID make a %d-byte iptables comment (at most 255); use a shorter network name", p.Owner, len(c))
+	}
+	return nil
+}
+
+// String renders the plan one address per line.
+func (p MasqPlan) String() string {
+	var b strings.Builder
+	for _, a := range p.Addrs {
+		fmt.Fprintf(&b, "masquerade %s from %s except to %s and %s\n", p.Owner, a.Addr(), a.Masked(), multicastOf(FamilyOf(a.Addr())))
+	}
+	return b.String()
+}
 
 var (
 	multicast4 = netip.MustParsePrefix("224.0.0.0/4")
 	multicast6 = netip.MustParsePrefix("ff00::/8")
 )
 
-// PlanMasquerade is the masquerade of one attachment: for each of its addresses (with
-// the subnet's prefix length), traffic from that address to any destination outside
-// the subnet and not multicast leaves with the node's address. Three rules per address,
-// each expressible in iptables: return for the subnet, return for multicast,
-// masquerade the rest.
-func PlanMasquerade(o Owner, addrs []netip.Prefix) Plan {
-	p := Plan{Feature: MasqFeature, Owner: o}
-	for _, a := range addrs {
-		fam := FamilyOf(a.Addr())
-		mc := multicast4
-		if fam == IPv6 {
-			mc = multicast6
-		}
-		src := netip.PrefixFrom(a.Addr(), a.Addr().BitLen())
-		p.Rules = append(p.Rules,
-			Rule{Hook: NATPostrouting, Family: fam, Match: Match{Src: src, Dst: a.Masked()}, Action: Action{Kind: Return}},
-			Rule{Hook: NATPostrouting, Family: fam, Match: Match{Src: src, Dst: mc}, Action: Action{Kind: Return}},
-			Rule{Hook: NATPostrouting, Family: fam, Match: Match{Src: src}, Action: Action{Kind: Masquerade}},
-		)
+func multicastOf(f Family) netip.Prefix {
+	if f == IPv6 {
+		return multicast6
 	}
-	return p
+	return multicast4
+}
+
+// hostPrefix is a as a single-address prefix (/32, /128).
+func hostPrefix(a netip.Addr) netip.Prefix { return netip.PrefixFrom(a, a.BitLen()) }
+
+// sha512Hex returns the first n hex digits of sha512(s), the reference's hash for
+// chain names and nftables comments.
+func sha512Hex(s string, n int) string {
+	sum := sha512.Sum512([]byte(s))
+	return hex.EncodeToString(sum[:])[:n]
+}
+
+// MasqChain is the reference's iptables chain for o's masquerade:
+// "CNI-" + 24 hex digits of sha512(network + containerID). The interface name is not
+// part of it.
+func MasqChain(o Owner) string { return "CNI-" + sha512Hex(o.Network+o.ContainerID, 24) }
+
+// masqComment is the reference's iptables comment on every masquerade rule of o,
+// `name: "<network>" id: "<containerID>"` (Go-quoted strings).
+func masqComment(o Owner) string {
+	return "name: " + strconv.Quote(o.Network) + " id: " + strconv.Quote(o.ContainerID)
+}
+
+// parseMasqComment reads network and container ID back from a masqComment.
+func parseMasqComment(c string) (network, containerID string, ok bool) {
+	rest, found := strings.CutPrefix(c, "name: ")
+	if !found {
+		return "", "", false
+	}
+	q, err := strconv.QuotedPrefix(rest)
+	if err != nil {
+		return "", "", false
+	}
+	network, _ = strconv.Unquote(q)
+	rest, found = strings.CutPrefix(rest[len(q):], " id: ")
+	if !found {
+		return "", "", false
+	}
+	q, err = strconv.QuotedPrefix(rest)
+	if err != nil || len(q) != len(rest) {
+		return "", "", false
+	}
+	containerID, _ = strconv.Unquote(q)
+	return network, containerID, true
+}
+
+// masqNetHash is the reference's nftables hash of a network: 16 hex digits.
+func masqNetHash(network string) string { return sha512Hex(network, 16) }
+
+// masqInstance is the reference's nftables identity of o: every masq_checks rule of o
+// has a comment starting with it.
+func masqInstance(o Owner) string {
+	return masqNetHash(o.Network) + "-" + sha512Hex(o.IfName+":"+o.ContainerID, 16)
+}
+
+// masqInstanceLen is the length of a masqInstance.
+const masqInstanceLen = 16 + 1 + 16
+
+// masqNFTCommentMax is the longest rule comment the reference writes (knftables'
+// CommentLengthMax); longer ones are cut.
+const masqNFTCommentMax = 128
+
+// masqNFTComment is the reference's comment on o's masq_checks rules.
+func masqNFTComment(o Owner) string {
+	strip := func(s string) string { return strings.ReplaceAll(s, `"`, "") }
+	c := fmt.Sprintf("%s, net: %s, if: %s, id: %s", masqInstance(o), strip(o.Network), strip(o.IfName), strip(o.ContainerID))
+	if len(c) > masqNFTCommentMax {
+		c = c[:masqNFTCommentMax]
+	}
+	return c
+}
+
+// MasqBackend installs and removes masquerades in the reference plugin's layout of one
+// backend. Apply and Remove are atomic per address family (one iptables-restore per
+// family, one nftables batch).
+type MasqBackend interface {
+	// Apply installs p. What p.Owner already has is kept; missing rules are added (as
+	// the reference's AppendUnique does), so a repeated ADD changes nothing.
+	Apply(ctx context.Context, p MasqPlan) error
+	// Check reports an error when a rule of p is missing; IsNotFound when none is there.
+	Check(ctx context.Context, p MasqPlan) error
+	// Remove deletes o's masquerade. addrs, when known (prevResult), name the pod's
+	// addresses: iptables then only touches their families and their jumps (a chain
+	// shared with another interface of the same container stays while that one uses
+	// it). Without addrs everything of o goes, in both families. Absent is success.
+	Remove(ctx context.Context, o Owner, addrs []netip.Prefix) error
+	// GC removes the masquerade of every attachment of network that keep does not
+	// hold. The iptables layout knows no interface name, so there an attachment counts
+	// as kept when keep holds any interface of its container in network.
+	GC(ctx context.Context, network string, keep cniplumb.Owners) error
+}
+
+// MasqProbe is what the host offers for ipMasq, as ProbeMasq finds it.
+type MasqProbe struct {
+	Probe
+	// RefNFT says the reference plugin could use nftables here: an `nft` binary of
+	// version 1.0.1 or later is installed (the reference drives nftables through it).
+	RefNFT bool
+}
+
+// PickMasq chooses the ipMasq backend. A configured backend must be available (code 50
+// otherwise, as Pick). Auto picks nftables only when the reference plugin could remove
+// its rules too (RefNFT): then either binary can delete the other's pods whatever each
+// picks, and podwire saves the iptables execs. Otherwise it falls back to the
+// reference's own choice, iptables unless only nftables is available.
+func PickMasq(want Kind, p MasqProbe) (Kind, error) {
+	if want != Auto {
+		return Pick(want, p.Probe)
+	}
+	switch {
+	case p.NFTables && p.RefNFT:
+		return KindNFTables, nil
+	case p.IPTables:
+		return KindIPTables, nil
+	}
+	return Pick(Auto, p.Probe)
 }
 
 // MacSpoofFeature is bridge's macspoofchk: table bridge podwire_macspoof (nftables

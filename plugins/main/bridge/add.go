@@ -51,9 +51,9 @@ func add(ctx context.Context, in *cniplumb.Input) (_ types.Result, err error) {
 	owner := in.Owner()
 	// Pick the backend before changing anything: a missing backend is the operator's to
 	// fix and must not leave a half-made pod behind.
-	var fw netfilter.Backend
+	var fw netfilter.MasqBackend
 	if c.raw.IPMasq && c.Layer3 {
-		if fw, _, err = netfilter.Open(c.Backend); err != nil {
+		if fw, _, err = netfilter.OpenMasq(c.Backend); err != nil {
 			return nil, err
 		}
 	}
@@ -140,7 +140,7 @@ func add(ctx context.Context, in *cniplumb.Input) (_ types.Result, err error) {
 				return nil, fmt.Errorf("installing ipMasq rules for %s: %w", owner, err)
 			}
 			undo.push("removing ipMasq rules", func() error {
-				return fw.Remove(context.WithoutCancel(ctx), netfilter.MasqFeature, netfilter.IDOf(owner), ap.Families)
+				return fw.Remove(context.WithoutCancel(ctx), owner, ap.Masq.Addrs)
 			})
 		}
 	} else {

@@ -21,23 +21,22 @@ type addrPlan struct {
 	Routes   []*types.Route
 	Gateways []net.IPNet // gateway address with the subnet's mask
 	Families netfilter.Families
-	Masq     *netfilter.Plan // nil without ipMasq
+	Masq     *netfilter.MasqPlan // nil without ipMasq
 }
 
 // planAddresses is pure. It fills in missing gateways (the subnet's first address,
-// when isGateway), adds a default route per family via the gateway (isDefaultGateway,
-// unless IPAM already gave one), and points every address at the pod interface.
+// when isGateway), sends IPAM routes without "gw" through their family's gateway, adds
+// a default route per family via the gateway (isDefaultGateway, unless IPAM already
+// gave one), and points every address at the pod interface.
 func planAddresses(c *conf, owner netfilter.Owner, ipam *current.Result) (*addrPlan, error) {
 	if len(ipam.IPs) == 0 {
 		return nil, fmt.Errorf("IPAM plugin %q returned no IP address; check its configuration (ranges/subnet)", c.IPAMType)
 	}
-	p := &addrPlan{Routes: append([]*types.Route(nil), ipam.Routes...)}
-	hasDefault := map[netfilter.Family]bool{}
-	for _, r := range p.Routes {
-		if r.GW != nil && isDefault(r.Dst) {
-			hasDefault[familyOf(r.Dst.IP)] = true
-		}
-	}
+	p := &addrPlan{}
+	// The first gateway of each family: routes without "gw" go through it, as the
+	// reference's ConfigureIface does (a gateway-less default route would leave the pod
+	// with "default dev eth0" and no way past the bridge).
+	familyGW := map[netfilter.Family]net.IP{}
 	var masq []netip.Prefix
 	for _, ipc := range ipam.IPs {
 		if ipc.Address.IP == nil {
@@ -49,9 +48,8 @@ func planAddresses(c *conf, owner netfilter.Owner, ipam *current.Result) (*addrP
 		if ip.Gateway == nil && c.raw.IsGateway {
 			ip.Gateway = firstAddress(ip.Address)
 		}
-		if c.raw.IsDefaultGateway && !hasDefault[fam] && ip.Gateway != nil {
-			p.Routes = append(p.Routes, &types.Route{Dst: defaultNet(fam), GW: ip.Gateway})
-			hasDefault[fam] = true
+		if ip.Gateway != nil && familyGW[fam] == nil {
+			familyGW[fam] = ip.Gateway
 		}
 		if c.raw.IsGateway {
 			p.Gateways = append(p.Gateways, net.IPNet{IP: ip.Gateway, Mask: ip.Address.Mask})
@@ -70,9 +68,27 @@ func planAddresses(c *conf, owner netfilter.Owner, ipam *current.Result) (*addrP
 		ones, _ := ip.Address.Mask.Size()
 		masq = append(masq, netip.PrefixFrom(a, ones))
 	}
+	hasDefault := map[netfilter.Family]bool{}
+	for _, r := range ipam.Routes {
+		rc := *r
+		fam := familyOf(rc.Dst.IP)
+		if rc.GW == nil {
+			rc.GW = familyGW[fam] // nil when the family has no gateway: an on-link route
+		}
+		if rc.GW != nil && isDefault(rc.Dst) {
+			hasDefault[fam] = true
+		}
+		p.Routes = append(p.Routes, &rc)
+	}
+	if c.raw.IsDefaultGateway {
+		for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
+			if gw := familyGW[fam]; gw != nil && !hasDefault[fam] {
+				p.Routes = append(p.Routes, &types.Route{Dst: defaultNet(fam), GW: gw})
+			}
+		}
+	}
 	if c.raw.IPMasq {
-		mp := netfilter.PlanMasquerade(owner, masq)
-		p.Masq = &mp
+		p.Masq = &netfilter.MasqPlan{Owner: owner, Addrs: masq}
 	}
 	return p, nil
 }

@@ -60,12 +60,18 @@ func TestPlanAddresses(t *testing.T) {
 			ipam: &current.Result{IPs: []*current.IPConfig{ipc("10.0.0.5/24", "")},
 				Routes: []*types.Route{{Dst: net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, GW: net.ParseIP("10.0.0.9")}}},
 			want: "ip 10.0.0.5/24 gw 10.0.0.1 if 2\nroute 0.0.0.0/0 via 10.0.0.9\ngateway 10.0.0.1/24\n"},
-		{name: "ipMasq plans three rules per address", conf: `"ipMasq":true`,
-			ipam: &current.Result{IPs: []*current.IPConfig{ipc("10.0.0.5/24", "")}},
-			want: "ip 10.0.0.5/24 gw <nil> if 2\n" +
-				"nat/postrouting ipv4 saddr == 10.0.0.5/32 daddr == 10.0.0.0/24 return\n" +
-				"nat/postrouting ipv4 saddr == 10.0.0.5/32 daddr == 224.0.0.0/4 return\n" +
-				"nat/postrouting ipv4 saddr == 10.0.0.5/32 masquerade\n"},
+		{name: "gateway-less IPAM routes go via the gateway; no second default", conf: `"isGateway":true,"isDefaultGateway":true`,
+			ipam: &current.Result{IPs: []*current.IPConfig{ipc("10.0.0.5/24", "")},
+				Routes: []*types.Route{
+					{Dst: net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}},
+					{Dst: net.IPNet{IP: net.ParseIP("10.9.0.0").To4(), Mask: net.CIDRMask(16, 32)}},
+					{Dst: net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}}}},
+			want: "ip 10.0.0.5/24 gw 10.0.0.1 if 2\nroute 0.0.0.0/0 via 10.0.0.1\nroute 10.9.0.0/16 via 10.0.0.1\nroute ::/0 via <nil>\ngateway 10.0.0.1/24\n"},
+		{name: "ipMasq plans every address with its subnet", conf: `"ipMasq":true`,
+			ipam: &current.Result{IPs: []*current.IPConfig{ipc("10.0.0.5/24", ""), ipc("fd00::5/64", "")}},
+			want: "ip 10.0.0.5/24 gw <nil> if 2\nip fd00::5/64 gw <nil> if 2\n" +
+				"masquerade n/c/eth0 from 10.0.0.5 except to 10.0.0.0/24 and 224.0.0.0/4\n" +
+				"masquerade n/c/eth0 from fd00::5 except to fd00::/64 and ff00::/8\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := parseConf(conf1(tc.conf), "")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 
 	"github.com/containernetworking/cni/pkg/invoke"
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -28,23 +29,10 @@ func del(ctx context.Context, in *cniplumb.Input) error {
 	owner := in.Owner()
 	var errs []error
 	if c.raw.IPMasq && c.Layer3 {
-		// ip6tables is left alone when prevResult shows the pod had no IPv6 address.
-		fams := netfilter.All
-		if in.PrevResult != nil && len(in.PrevResult.IPs) > 0 {
-			fams = 0
-			for _, ip := range in.PrevResult.IPs {
-				if ip.Address.IP.To4() != nil {
-					fams |= netfilter.V4
-				} else {
-					fams |= netfilter.V6
-				}
-			}
-		}
-		fw, _, err := netfilter.Open(c.Backend)
-		if err == nil {
-			err = fw.Remove(ctx, netfilter.MasqFeature, netfilter.IDOf(owner), fams)
-		}
-		if err != nil {
+		// Both layouts, as the reference does: the pod may have been made by the
+		// reference plugin or with another ipMasqBackend. The addresses in prevResult
+		// keep ip6tables out of it for an IPv4-only pod.
+		if err := netfilter.RemoveMasq(ctx, owner, prevAddrs(in.PrevResult)); err != nil {
 			errs = append(errs, fmt.Errorf("removing ipMasq rules of %s: %w", owner, err))
 		}
 	}
@@ -156,11 +144,7 @@ func check(ctx context.Context, in *cniplumb.Input) error {
 		if err != nil {
 			return err
 		}
-		fw, _, err := netfilter.Open(c.Backend)
-		if err != nil {
-			return err
-		}
-		if err := fw.Check(ctx, *ap.Masq); err != nil {
+		if err := netfilter.CheckMasq(ctx, c.Backend, *ap.Masq); err != nil {
 			return fmt.Errorf("ipMasq rules: %w", err)
 		}
 	}
@@ -242,32 +226,40 @@ func gc(ctx context.Context, in *cniplumb.Input) error {
 			errs = append(errs, fmt.Errorf("IPAM plugin %q: %w", c.IPAMType, err))
 		}
 	}
-	probe := netfilter.ProbeHost()
-	type sweep struct {
-		b netfilter.Backend
-		f netfilter.Feature
+	if err := netfilter.GCMasq(ctx, in.Conf.Name, in.ValidAttachments); err != nil {
+		errs = append(errs, fmt.Errorf("removing stale ipMasq rules: %w", err))
 	}
-	var sweeps []sweep
-	if probe.NFTables {
+	if netfilter.ProbeHost().NFTables {
 		nft := netfilter.NewNFTables()
-		sweeps = append(sweeps, sweep{nft, netfilter.MasqFeature}, sweep{nft, netfilter.MacSpoofFeature})
-	}
-	if probe.IPTables {
-		sweeps = append(sweeps, sweep{netfilter.NewIPTables(), netfilter.MasqFeature})
-	}
-	for _, s := range sweeps {
-		tags, err := s.b.Tags(ctx, s.f)
+		tags, err := nft.Tags(ctx, netfilter.MacSpoofFeature)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("listing %s rules: %w", s.f.Name, err))
-			continue
+			errs = append(errs, fmt.Errorf("listing macspoofchk rules: %w", err))
 		}
 		for _, t := range netfilter.Stale(tags, in.Conf.Name, in.ValidAttachments) {
-			if err := s.b.Remove(ctx, s.f, t.ID, netfilter.All); err != nil {
-				errs = append(errs, fmt.Errorf("removing stale %s rules: %w", s.f.Name, err))
+			if err := nft.Remove(ctx, netfilter.MacSpoofFeature, t.ID, netfilter.All); err != nil {
+				errs = append(errs, fmt.Errorf("removing stale macspoofchk rules: %w", err))
 			}
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// prevAddrs returns prevResult's addresses with their prefix lengths, nil without a
+// prevResult (then DEL removes every masquerade rule of the attachment, both families).
+func prevAddrs(r *current.Result) []netip.Prefix {
+	if r == nil {
+		return nil
+	}
+	var out []netip.Prefix
+	for _, ip := range r.IPs {
+		a, ok := netip.AddrFromSlice(ip.Address.IP)
+		if !ok {
+			continue
+		}
+		ones, _ := ip.Address.Mask.Size()
+		out = append(out, netip.PrefixFrom(a.Unmap(), ones))
+	}
+	return out
 }
 
 // status forwards to the IPAM plugin and reports a configured ipMasq backend the node
@@ -278,7 +270,7 @@ func status(ctx context.Context, in *cniplumb.Input) error {
 		return err
 	}
 	if c.raw.IPMasq && c.Layer3 {
-		if _, _, err := netfilter.Open(c.Backend); err != nil {
+		if _, _, err := netfilter.OpenMasq(c.Backend); err != nil {
 			return err
 		}
 	}

@@ -1,0 +1,291 @@
+package netfilter
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/podwire/podwire/pkg/cniplumb"
+)
+
+// This file renders ipMasq in the reference's iptables layout (see masquerade.go) as
+// iptables-restore lines for the nat table, and decides what to add, check and remove
+// from `iptables -t nat -S` listings of one chain and of POSTROUTING. It is pure; the
+// exec side is in masq_iptables_linux.go.
+
+// masqPostrouting is the built-in chain the per-address jumps hang off.
+const masqPostrouting = "POSTROUTING"
+
+// xtRule is one "-A" line of an `iptables -S` listing, with the parts ipMasq needs.
+type xtRule struct {
+	line    string   // as listed
+	args    []string // line split as iptables-restore splits it
+	chain   string
+	src     netip.Prefix // -s (not negated); invalid when absent
+	target  string       // -j
+	comment string
+}
+
+// xtTokens splits an iptables rule line into arguments as iptables-restore does:
+// spaces separate, double quotes group, a backslash escapes the next character.
+func xtTokens(line string) []string {
+	var out []string
+	var cur strings.Builder
+	inQ, have, esc := false, false, false
+	for _, r := range line {
+		switch {
+		case esc:
+			cur.WriteRune(r)
+			esc = false
+		case r == '\\':
+			esc, have = true, true
+		case r == '"':
+			inQ, have = !inQ, true
+		case r == ' ' && !inQ:
+			if have {
+				out = append(out, cur.String())
+				cur.Reset()
+				have = false
+			}
+		default:
+			cur.WriteRune(r)
+			have = true
+		}
+	}
+	if have {
+		out = append(out, cur.String())
+	}
+	return out
+}
+
+// xtQuote quotes s for an iptables-restore line, as `iptables -S` prints comments.
+func xtQuote(s string) string {
+	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s) + `"`
+}
+
+// parseXTRules parses the "-A" lines of `iptables -S` output.
+func parseXTRules(out string) []xtRule {
+	var rules []xtRule
+	for _, line := range strings.Split(out, "\n") {
+		line = strings.TrimSpace(line)
+		if !strings.HasPrefix(line, "-A ") {
+			continue
+		}
+		r := xtRule{line: line, args: xtTokens(line)}
+		if len(r.args) > 1 {
+			r.chain = r.args[1]
+		}
+		for i := 2; i+1 < len(r.args); i++ {
+			switch v := r.args[i+1]; r.args[i] {
+			case "-s":
+				if r.args[i-1] != "!" {
+					if p, err := netip.ParsePrefix(v); err == nil {
+						r.src = p
+					} else if a, err := netip.ParseAddr(v); err == nil {
+						r.src = hostPrefix(a)
+					}
+				}
+			case "-j":
+				r.target = v
+			case "--comment":
+				r.comment = v
+			}
+		}
+		rules = append(rules, r)
+	}
+	return rules
+}
+
+// sameRule compares two rule lines by their arguments, so quoting differences do not
+// matter.
+func sameRule(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func containsRule(have []xtRule, want string) bool {
+	w := xtTokens(want)
+	for _, r := range have {
+		if sameRule(r.args, w) {
+			return true
+		}
+	}
+	return false
+}
+
+func addrsOf(fam Family, addrs []netip.Prefix) []netip.Prefix {
+	var out []netip.Prefix
+	for _, a := range addrs {
+		if FamilyOf(a.Addr()) == fam {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// masqXTChainRules are the rules of o's chain for the addresses of family fam, as the
+// reference writes them (and as `iptables -S` prints them): an ACCEPT per distinct
+// subnet, then one MASQUERADE of everything but multicast.
+func masqXTChainRules(o Owner, fam Family, addrs []netip.Prefix) []string {
+	chain, c := MasqChain(o), xtQuote(masqComment(o))
+	var out []string
+	seen := map[netip.Prefix]bool{}
+	for _, a := range addrsOf(fam, addrs) {
+		if n := a.Masked(); !seen[n] {
+			seen[n] = true
+			out = append(out, fmt.Sprintf("-A %s -d %s -m comment --comment %s -j ACCEPT", chain, n, c))
+		}
+	}
+	if len(out) > 0 {
+		out = append(out, fmt.Sprintf("-A %s ! -d %s -m comment --comment %s -j MASQUERADE", chain, multicastOf(fam), c))
+	}
+	return out
+}
+
+// masqXTJumps are the POSTROUTING jumps into o's chain, one per address of fam.
+func masqXTJumps(o Owner, fam Family, addrs []netip.Prefix) []string {
+	chain, c := MasqChain(o), xtQuote(masqComment(o))
+	var out []string
+	for _, a := range addrsOf(fam, addrs) {
+		out = append(out, fmt.Sprintf("-A %s -s %s -m comment --comment %s -j %s", masqPostrouting, hostPrefix(a.Addr()), c, chain))
+	}
+	return out
+}
+
+// planMasqXTAdd returns the restore lines (nat table) that give family fam of p's
+// owner every rule of p. chain is the listing of the owner's chain, nil when it does
+// not exist (then no jump to it can exist either and post is not needed); post is the
+// POSTROUTING listing. Rules already there stay; missing subnet ACCEPTs go in front of
+// the MASQUERADE. No lines means nothing to do.
+func planMasqXTAdd(p MasqPlan, fam Family, chain []xtRule, chainExists bool, post []xtRule) []string {
+	rules := masqXTChainRules(p.Owner, fam, p.Addrs)
+	jumps := masqXTJumps(p.Owner, fam, p.Addrs)
+	if len(rules) == 0 {
+		return nil
+	}
+	name := MasqChain(p.Owner)
+	if !chainExists {
+		return append(append([]string{":" + name + " - [0:0]"}, rules...), jumps...)
+	}
+	var out []string
+	accepts, masq := rules[:len(rules)-1], rules[len(rules)-1]
+	// Insert the missing ACCEPTs at the top in reverse, so they end up in order.
+	for i := len(accepts) - 1; i >= 0; i-- {
+		if !containsRule(chain, accepts[i]) {
+			out = append(out, "-I "+name+" 1"+strings.TrimPrefix(accepts[i], "-A "+name))
+		}
+	}
+	if !containsRule(chain, masq) {
+		out = append(out, masq)
+	}
+	for _, j := range jumps {
+		if !containsRule(post, j) {
+			out = append(out, j)
+		}
+	}
+	return out
+}
+
+// planMasqXTDel returns the restore lines that remove o's jumps from POSTROUTING and,
+// when no jump into o's chain remains, the chain itself. addrs are o's addresses of
+// this family when known: only their jumps go (also the reference's old "-s <subnet>"
+// form); nil means every jump into the chain. chainExists says whether the chain is
+// there when post shows no jump to it.
+func planMasqXTDel(o Owner, addrs []netip.Prefix, post []xtRule, chainExists bool) []string {
+	name := MasqChain(o)
+	var out []string
+	remaining := 0
+	for _, r := range post {
+		if r.chain != masqPostrouting || r.target != name {
+			continue
+		}
+		chainExists = true
+		if addrs != nil && !fromAny(r.src, addrs) {
+			remaining++
+			continue
+		}
+		out = append(out, "-D"+strings.TrimPrefix(r.line, "-A"))
+	}
+	if chainExists && remaining == 0 {
+		out = append(out, "-F "+name, "-X "+name)
+	}
+	return out
+}
+
+// fromAny reports whether a jump's source is one of addrs, as a single address or as
+// its subnet (the form older reference versions wrote).
+func fromAny(src netip.Prefix, addrs []netip.Prefix) bool {
+	if !src.IsValid() {
+		return false
+	}
+	for _, a := range addrs {
+		if src == hostPrefix(a.Addr()) || src == a.Masked() {
+			return true
+		}
+	}
+	return false
+}
+
+// planMasqXTGC returns the restore lines that remove, from one family, the masquerade
+// of every container of network that keep does not hold: all its jumps, then its
+// chain. A jump is the network's when its comment names the network and a container
+// whose chain (as MasqChain derives it) is the jump's target; anything else is left
+// alone. Also returns the stale containers, sorted by first appearance.
+func planMasqXTGC(network string, keep cniplumb.Owners, post []xtRule) (lines []string, stale []string) {
+	kept := map[string]bool{}
+	for o := range keep {
+		if o.Network == network {
+			kept[o.ContainerID] = true
+		}
+	}
+	staleChain := map[string]bool{}
+	for _, r := range post {
+		if r.chain != masqPostrouting || !strings.HasPrefix(r.target, "CNI-") {
+			continue
+		}
+		n, id, ok := parseMasqComment(r.comment)
+		if !ok || n != network || kept[id] || MasqChain(Owner{Network: n, ContainerID: id}) != r.target {
+			continue
+		}
+		if !staleChain[r.target] {
+			staleChain[r.target] = true
+			stale = append(stale, id)
+		}
+	}
+	for _, id := range stale {
+		lines = append(lines, planMasqXTDel(Owner{Network: network, ContainerID: id}, nil, post, true)...)
+	}
+	return lines, stale
+}
+
+// checkMasqXT compares family fam of p with the listings: nil chain (absent) is
+// IsNotFound; a missing rule or jump is an error naming it.
+func checkMasqXT(p MasqPlan, fam Family, chain []xtRule, chainExists bool, post []xtRule) error {
+	name := MasqChain(p.Owner)
+	if !chainExists {
+		return notFound("%s: chain %s does not exist", fam, name)
+	}
+	for _, want := range masqXTChainRules(p.Owner, fam, p.Addrs) {
+		if !containsRule(chain, want) {
+			return fmt.Errorf("%s: rule %q is missing; run DEL and ADD again", fam, want)
+		}
+	}
+	for _, want := range masqXTJumps(p.Owner, fam, p.Addrs) {
+		if !containsRule(post, want) {
+			return fmt.Errorf("%s: jump %q is missing; run DEL and ADD again", fam, want)
+		}
+	}
+	return nil
+}
+
+// natScript wraps nat-table lines into iptables-restore input.
+func natScript(lines []string) string {
+	return "*nat\n" + strings.Join(lines, "\n") + "\nCOMMIT\n"
+}

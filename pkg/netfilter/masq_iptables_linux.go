@@ -1,0 +1,201 @@
+package netfilter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os/exec"
+
+	"github.com/podwire/podwire/pkg/cniplumb"
+)
+
+// MasqIPTables is the iptables MasqBackend: the reference's per-container chain and
+// POSTROUTING jumps (see masquerade.go). Per family it touches it runs at most two
+// `iptables -t nat -S` (the container's chain, and POSTROUTING, which holds one jump
+// per masqueraded pod address; never a whole table) and one
+// `iptables-restore --noflush`. ip6tables is not run for IPv4-only plans or removals.
+type MasqIPTables struct {
+	ipt *IPTables
+}
+
+var _ MasqBackend = (*MasqIPTables)(nil)
+
+// NewMasqIPTables returns the iptables ipMasq backend with the default lock handling
+// of NewIPTables.
+func NewMasqIPTables() *MasqIPTables { return &MasqIPTables{ipt: NewIPTables()} }
+
+// masqLock serializes podwire's read-modify-write cycles on masquerade rules, per
+// backend (LockDir/<backend>-masq.lock).
+var masqLock = Feature{Name: "masq"}
+
+// list reads one nat chain of fam; exists is false when it is absent.
+func (b *MasqIPTables) list(ctx context.Context, fam Family, chain string) (rules []xtRule, exists bool, err error) {
+	bin, _ := binaries(fam)
+	out, err := b.ipt.run(ctx, "", bin, "-t", "nat", "-S", chain)
+	if IsNotFound(err) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	return parseXTRules(out), true, nil
+}
+
+func (b *MasqIPTables) restore(ctx context.Context, fam Family, lines []string) error {
+	if len(lines) == 0 {
+		return nil
+	}
+	_, restore := binaries(fam)
+	_, err := b.ipt.run(ctx, natScript(lines), restore, "--noflush")
+	return err
+}
+
+// Apply implements MasqBackend. A new container costs one listing (of its chain, which
+// is absent) and one restore per family.
+func (b *MasqIPTables) Apply(ctx context.Context, p MasqPlan) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	unlock, err := lockFeature("iptables", masqLock)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	chain := MasqChain(p.Owner)
+	for _, fam := range []Family{IPv4, IPv6} {
+		if !p.Families().Has(fam) {
+			continue
+		}
+		rules, exists, err := b.list(ctx, fam, chain)
+		if err != nil {
+			return err
+		}
+		var post []xtRule
+		if exists {
+			// Only an existing chain can have jumps already (a repeated ADD, or another
+			// interface of the same container in this network).
+			if post, _, err = b.list(ctx, fam, masqPostrouting); err != nil {
+				return err
+			}
+		}
+		if err := b.restore(ctx, fam, planMasqXTAdd(p, fam, rules, exists, post)); err != nil {
+			return fmt.Errorf("installing %s masquerade chain %s: %w", fam, chain, err)
+		}
+	}
+	return nil
+}
+
+// Check implements MasqBackend.
+func (b *MasqIPTables) Check(ctx context.Context, p MasqPlan) error {
+	chain := MasqChain(p.Owner)
+	for _, fam := range []Family{IPv4, IPv6} {
+		if !p.Families().Has(fam) {
+			continue
+		}
+		rules, exists, err := b.list(ctx, fam, chain)
+		if err != nil {
+			return err
+		}
+		var post []xtRule
+		if exists {
+			if post, _, err = b.list(ctx, fam, masqPostrouting); err != nil {
+				return err
+			}
+		}
+		if err := checkMasqXT(p, fam, rules, exists, post); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Remove implements MasqBackend: for each family (those of addrs, or both), one
+// listing of POSTROUTING, one of the chain only when no jump leads to it, and one
+// restore when something is there. A family whose binary is not installed is skipped.
+func (b *MasqIPTables) Remove(ctx context.Context, o Owner, addrs []netip.Prefix) error {
+	fams := All
+	if len(addrs) > 0 {
+		fams = prefixFamilies(addrs)
+	}
+	return b.removeFamilies(ctx, o, addrs, fams)
+}
+
+func (b *MasqIPTables) removeFamilies(ctx context.Context, o Owner, addrs []netip.Prefix, fams Families) error {
+	unlock, err := lockFeature("iptables", masqLock)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	var errs []error
+	for _, fam := range []Family{IPv4, IPv6} {
+		if !fams.Has(fam) || !haveBinaries(fam) {
+			continue
+		}
+		errs = append(errs, b.removeFamily(ctx, fam, o, addrs))
+	}
+	return errors.Join(errs...)
+}
+
+// removeFamily runs Remove for one family; the caller holds the lock.
+func (b *MasqIPTables) removeFamily(ctx context.Context, fam Family, o Owner, addrs []netip.Prefix) error {
+	var famAddrs []netip.Prefix
+	if len(addrs) > 0 {
+		famAddrs = addrsOf(fam, addrs)
+	}
+	chain := MasqChain(o)
+	post, _, err := b.list(ctx, fam, masqPostrouting)
+	if err != nil {
+		return err
+	}
+	jumped := false
+	for _, r := range post {
+		jumped = jumped || r.target == chain
+	}
+	exists := jumped
+	if !jumped {
+		// No jump into the chain; it may still exist (an interrupted teardown).
+		if _, exists, err = b.list(ctx, fam, chain); err != nil {
+			return err
+		}
+	}
+	if err := b.restore(ctx, fam, planMasqXTDel(o, famAddrs, post, exists)); err != nil {
+		return fmt.Errorf("removing %s masquerade chain %s of %s: %w", fam, chain, o, err)
+	}
+	return nil
+}
+
+// GC implements MasqBackend: per family whose binary is installed, one listing of
+// POSTROUTING and one restore when something is stale. Chains no jump leads to are
+// not found this way (they are inert and go with their attachment's DEL).
+func (b *MasqIPTables) GC(ctx context.Context, network string, keep cniplumb.Owners) error {
+	unlock, err := lockFeature("iptables", masqLock)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	var errs []error
+	for _, fam := range []Family{IPv4, IPv6} {
+		if !haveBinaries(fam) {
+			continue
+		}
+		post, _, err := b.list(ctx, fam, masqPostrouting)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		lines, stale := planMasqXTGC(network, keep, post)
+		if err := b.restore(ctx, fam, lines); err != nil {
+			errs = append(errs, fmt.Errorf("removing stale %s masquerade chains of containers %v: %w", fam, stale, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// haveBinaries reports whether fam's iptables and iptables-restore are installed.
+func haveBinaries(fam Family) bool {
+	list, restore := binaries(fam)
+	_, e1 := exec.LookPath(list)
+	_, e2 := exec.LookPath(restore)
+	return e1 == nil && e2 == nil
+}

@@ -1,0 +1,269 @@
+package netfilter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/podwire/podwire/pkg/cniplumb"
+)
+
+// This file is what bridge's verbs call for ipMasq: the backend choice for ADD, and
+// DEL, CHECK and GC across both layouts, as the reference does (its DEL and GC tear
+// down iptables and nftables alike, since a pod may have been made with another
+// backend or another binary).
+
+// ProbeMasq finds what the host offers for ipMasq: ProbeHost, plus, when both
+// backends are there (only then does it change the choice), whether the reference
+// plugin could drive nftables (RefNFT).
+func ProbeMasq() MasqProbe {
+	p := MasqProbe{Probe: ProbeHost()}
+	if p.NFTables && p.IPTables {
+		p.RefNFT = refCanUseNFT()
+	}
+	return p
+}
+
+// OpenMasq returns the ipMasq backend for want (Auto probes the host, see PickMasq),
+// and the kind it chose.
+func OpenMasq(want Kind) (MasqBackend, Kind, error) {
+	var p MasqProbe
+	switch want {
+	case KindNFTables:
+		p.NFTables = true // its first netlink call reports a kernel without nf_tables
+	case KindIPTables:
+		_, err := exec.LookPath("iptables-restore")
+		p.IPTables = err == nil
+	default:
+		p = ProbeMasq()
+	}
+	k, err := PickMasq(want, p)
+	if err != nil {
+		return nil, "", err
+	}
+	if k == KindIPTables {
+		return NewMasqIPTables(), k, nil
+	}
+	return NewMasqNFTables(), k, nil
+}
+
+// RemoveMasq is ipMasq's DEL: it removes o's masquerade from both layouts, whichever
+// backend is configured. The nftables side is netlink only. The iptables side execs
+// only for a family where o's chain may exist: on iptables-nft that is one netlink
+// lookup of the chain in table ip (ip6) nat; on iptables-legacy the chain can only
+// exist once the legacy nat table has been used in this netns
+// (/proc/net/ip_tables_names), and then it costs the iptables listing. addrs are the
+// pod's addresses when known (see MasqBackend.Remove). A backend the node does not
+// offer is skipped, as the reference skips it.
+func RemoveMasq(ctx context.Context, o Owner, addrs []netip.Prefix) error {
+	var errs []error
+	nft := NewMasqNFTables()
+	nftErr := nft.Remove(ctx, o, addrs)
+	if nftErr != nil && ProbeHost().NFTables {
+		errs = append(errs, nftErr)
+	}
+	fams := All
+	if len(addrs) > 0 {
+		fams = prefixFamilies(addrs)
+	}
+	var need Families
+	chain := MasqChain(o)
+	for _, fam := range []Family{IPv4, IPv6} {
+		if !fams.Has(fam) {
+			continue
+		}
+		may, err := xtablesMayHave(nft, fam, chain)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if may {
+			need |= famBit(fam)
+		}
+	}
+	if need != 0 {
+		errs = append(errs, NewMasqIPTables().removeFamilies(ctx, o, addrs, need))
+	}
+	return errors.Join(errs...)
+}
+
+func famBit(f Family) Families {
+	if f == IPv6 {
+		return V6
+	}
+	return V4
+}
+
+// CheckMasq is ipMasq's CHECK: p's rules in the backend want picks, or, when none of
+// them is there, in the other layout (a pod made by the reference with its default
+// backend, or before ipMasqBackend changed).
+func CheckMasq(ctx context.Context, want Kind, p MasqPlan) error {
+	fw, k, err := OpenMasq(want)
+	if err != nil {
+		return err
+	}
+	err = fw.Check(ctx, p)
+	if !IsNotFound(err) {
+		return err
+	}
+	var other MasqBackend
+	switch {
+	case k == KindNFTables && haveBinaries(IPv4) && (p.Families()&V6 == 0 || haveBinaries(IPv6)):
+		other = NewMasqIPTables()
+	case k == KindIPTables:
+		other = NewMasqNFTables()
+	default:
+		return err
+	}
+	if oerr := other.Check(ctx, p); oerr == nil || !IsNotFound(oerr) {
+		return oerr
+	}
+	return err
+}
+
+// GCMasq is ipMasq's GC: the stale masquerades of network in every backend the node
+// offers.
+func GCMasq(ctx context.Context, network string, keep cniplumb.Owners) error {
+	p := ProbeHost()
+	var errs []error
+	if p.NFTables {
+		if err := NewMasqNFTables().GC(ctx, network, keep); err != nil {
+			errs = append(errs, fmt.Errorf("nftables: %w", err))
+		}
+	}
+	if p.IPTables {
+		if err := NewMasqIPTables().GC(ctx, network, keep); err != nil {
+			errs = append(errs, fmt.Errorf("iptables: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// xtablesMode says which kernel interface an iptables binary drives.
+type xtablesMode int
+
+const (
+	xtUnknown xtablesMode = iota
+	xtNFT                 // iptables-nft: rules in nf_tables tables ip/ip6 nat
+	xtLegacy              // iptables-legacy: rules in x_tables
+)
+
+// modeOfBinary tells the mode from the file the binary resolves to
+// (xtables-nft-multi, xtables-legacy-multi, iptables-nft, ...), without running it.
+func modeOfBinary(resolved string) xtablesMode {
+	base := filepath.Base(resolved)
+	switch {
+	case strings.Contains(base, "nft"):
+		return xtNFT
+	case strings.Contains(base, "legacy"):
+		return xtLegacy
+	}
+	return xtUnknown
+}
+
+// xtablesMayHave reports whether chain may exist in fam's iptables nat table, as
+// cheaply as that can be known; true means "list it to find out".
+func xtablesMayHave(nft *MasqNFTables, fam Family, chain string) (bool, error) {
+	bin, _ := binaries(fam)
+	mode := xtUnknown
+	if path, err := exec.LookPath(bin); err == nil {
+		if resolved, err := filepath.EvalSymlinks(path); err == nil {
+			mode = modeOfBinary(resolved)
+		}
+	} else {
+		// No iptables: only a chain iptables-nft left behind could be there, and it
+		// could not be removed without the binary.
+		exists, err := nft.xtablesChainExists(fam, chain)
+		if err == nil && exists {
+			return false, fmt.Errorf("%s masquerade chain %s exists in the nat table but %s is not installed; install iptables so DEL can remove it", fam, chain, bin)
+		}
+		return false, nil
+	}
+	switch mode {
+	case xtNFT:
+		exists, err := nft.xtablesChainExists(fam, chain)
+		if err != nil {
+			return true, nil // cannot tell: list it
+		}
+		return exists, nil
+	case xtLegacy:
+		return legacyNATInUse(fam), nil
+	}
+	return true, nil
+}
+
+// legacyNATInUse reports whether the legacy x_tables nat table of fam exists in this
+// network namespace; it appears with its first use and only then can hold chains.
+func legacyNATInUse(fam Family) bool {
+	file := "/proc/net/ip_tables_names"
+	if fam == IPv6 {
+		file = "/proc/net/ip6_tables_names"
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		// No x_tables in this kernel (or no /proc): nothing legacy can exist.
+		return !errors.Is(err, os.ErrNotExist)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.TrimSpace(l) == "nat" {
+			return true
+		}
+	}
+	return false
+}
+
+// refCanUseNFT reports whether the reference plugin could drive nftables on this host:
+// it runs `nft` and requires version 1.0.1 or later (knftables). The version is cached
+// in LockDir per nft binary (path, size, mtime, inode), so only the first call after
+// an nft install or upgrade runs `nft --version`.
+func refCanUseNFT() bool {
+	path, err := exec.LookPath("nft")
+	if err != nil {
+		return false
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return false
+	}
+	var ino uint64
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		ino = st.Ino
+	}
+	key := fmt.Sprintf("%s %d %d %d", path, fi.Size(), fi.ModTime().UnixNano(), ino)
+	cache := filepath.Join(LockDir, "nft-version")
+	if b, err := os.ReadFile(cache); err == nil {
+		if k, v, ok := strings.Cut(strings.TrimSpace(string(b)), "\n"); ok && k == key {
+			return v == "ok"
+		}
+	}
+	out, err := exec.Command(path, "--version").Output()
+	ok := err == nil && nftVersionOK(string(out))
+	verdict := "old"
+	if ok {
+		verdict = "ok"
+	}
+	if os.MkdirAll(LockDir, 0o700) == nil {
+		tmp := fmt.Sprintf("%s.%d", cache, os.Getpid())
+		if os.WriteFile(tmp, []byte(key+"\n"+verdict+"\n"), 0o600) == nil {
+			if os.Rename(tmp, cache) != nil {
+				os.Remove(tmp)
+			}
+		}
+	}
+	return ok
+}
+
+// nftVersionOK reports whether `nft --version` output is a version knftables accepts
+// (1.0.1 or later).
+func nftVersionOK(out string) bool {
+	out = strings.TrimSpace(out)
+	if !strings.HasPrefix(out, "nftables v") {
+		return false
+	}
+	return !strings.HasPrefix(out, "nftables v0.") && !strings.HasPrefix(out, "nftables v1.0.0 ") && out != "nftables v1.0.0"
+}
