@@ -328,3 +328,68 @@ func TestBridgeCompatTwoInterfaces(t *testing.T) {
 	settleBridge(t, h, h.Name("br"))
 	h.RequireUnchanged(before)
 }
+
+// TestBridgeCompatLegacyIPTables repeats both directions on a node whose `iptables` is
+// iptables-legacy (rules in x_tables, invisible to nftables): podwire then finds the
+// reference's chain through /proc/net/ip_tables_names and the iptables listing, not
+// through netlink. The node snapshot reads iptables-nft, so the legacy tables are
+// checked on their own.
+func TestBridgeCompatLegacyIPTables(t *testing.T) {
+	bin := t.TempDir()
+	for _, tool := range []string{"iptables", "iptables-restore", "iptables-save", "ip6tables", "ip6tables-restore", "ip6tables-save"} {
+		fam, verb, _ := strings.Cut(tool, "-")
+		name := fam + "-legacy"
+		if verb != "" {
+			name += "-" + verb
+		}
+		legacy, err := exec.LookPath(name)
+		if err != nil {
+			t.Skipf("%s is not installed: %v", name, err)
+		}
+		if err := os.Symlink(legacy, filepath.Join(bin, tool)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := newCompat(t)
+	h := c.h
+	if out, err := nstest.RunIn(h.HostNS, filepath.Join(bin, "iptables"), "-t", "nat", "-S", "POSTROUTING"); err != nil {
+		t.Skipf("iptables-legacy does not work on this kernel: %v\n%s", err, out)
+	}
+	// The plugins (through libcni) and the observers below run with this PATH.
+	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
+	legacyNAT := func() string {
+		return h.Run(h.HostNS, "sh", "-c", "iptables-save -t nat; ip6tables-save -t nat")
+	}
+	ipt, auto := compatConf(h, "iptables"), compatConf(h, "")
+	warmUp(t, h, ipt)
+	before := h.Snapshot()
+	// The last case uses the default backend: podwire picks nftables here (nft is
+	// installed) and must still remove the reference's legacy chain.
+	for _, tc := range []struct {
+		what         string
+		list         *libcni.NetworkConfigList
+		adder, deler *libcni.CNIConfig
+	}{
+		{"reference ADD, podwire DEL", ipt, c.ref, c.ours},
+		{"podwire ADD, reference DEL", ipt, c.ours, c.ref},
+		{"default backends: reference ADD, podwire DEL", auto, c.ref, c.ours},
+	} {
+		p := h.NewPod()
+		rt := h.RT(p, "eth0")
+		r := c.add(t, tc.adder, tc.list, rt)
+		chain := netfilter.MasqChain(netfilter.Owner{Network: tc.list.Name, ContainerID: rt.ContainerID})
+		if got := legacyNAT(); !strings.Contains(got, "-A POSTROUTING -s "+addrOf(t, r, false)+"/32") || !strings.Contains(got, ":"+chain) {
+			t.Fatalf("%s: no legacy masquerade for %s:\n%s", tc.what, rt.ContainerID, got)
+		}
+		if strings.Contains(h.Run(h.HostNS, "nft", "list", "ruleset"), chain) {
+			t.Fatalf("%s: the rules went to iptables-nft, not to iptables-legacy", tc.what)
+		}
+		c.check(t, tc.list, rt)
+		c.del(t, tc.deler, tc.list, rt)
+		if got := legacyNAT(); strings.Contains(got, "CNI-") {
+			t.Errorf("%s: legacy masquerade left after DEL:\n%s", tc.what, got)
+		}
+		settleBridge(t, h, h.Name("br"))
+		h.RequireUnchanged(before)
+	}
+}
