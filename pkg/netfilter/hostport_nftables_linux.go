@@ -45,8 +45,11 @@ func (b *HostPortNFTables) Check(ctx context.Context, p HostPortPlan) error {
 // nftables backend made for o's container (tables ip/ip6 cni_hostport, rules whose
 // comment is the container ID: the reference keys them by container only).
 func (b *HostPortNFTables) Remove(ctx context.Context, o Owner, fams Families) error {
-	err := b.nft.Remove(ctx, HostPortFeature, IDOf(o), fams)
-	return errors.Join(err, removeRefNFT(o.ContainerID))
+	// The reference's rules first: closing removeRefNFT's socket after our own
+	// deletion would wait for the kernel to free the deleted rules (an RCU grace
+	// period, ~10 ms); before it, nothing of ours is pending.
+	rerr := removeRefNFT(o.ContainerID)
+	return errors.Join(b.nft.Remove(ctx, HostPortFeature, IDOf(o), fams), rerr)
 }
 
 // GC implements HostPortBackend.
