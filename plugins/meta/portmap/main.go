@@ -5,11 +5,19 @@
 package main
 
 import (
+	"io"
+	"os"
+
 	"github.com/podwire/podwire/pkg/cniplumb"
 	"github.com/podwire/podwire/pkg/netfilter"
 )
 
 func main() {
+	if os.Getenv(releaseEnv) == "1" {
+		// The socket-holding child of detachNetfilterSockets: wait for the parent to exit.
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		return
+	}
 	pm := &portmap{
 		open:     netfilter.OpenHostPorts,
 		probe:    netfilter.ProbeHost,
@@ -17,6 +25,7 @@ func main() {
 		localnet: enableLocalnet,
 		flushUDP: flushUDP,
 		logf:     stderrf,
+		detach:   detachNetfilterSockets,
 	}
 	cniplumb.Main("portmap", cniplumb.Verbs{Add: pm.add, Del: pm.del, Check: pm.check, GC: pm.gc, Status: pm.status})
 }

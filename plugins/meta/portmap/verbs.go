@@ -22,6 +22,9 @@ type portmap struct {
 	localnet func(pod netip.Addr) error
 	flushUDP func(ipv6 bool, ports []uint16) error
 	logf     func(format string, a ...any)
+	// detach hands the process's nfnetlink sockets to a short-lived child, so exiting
+	// does not wait for the kernel to free deleted rules (see detach_linux.go).
+	detach func()
 }
 
 func stderrf(format string, a ...any) { fmt.Fprintf(os.Stderr, "portmap: "+format+"\n", a...) }
@@ -136,7 +139,15 @@ func (pm *portmap) del(ctx context.Context, in *cniplumb.Input) error {
 			return err
 		}
 		pm.flush(m)
-		return pm.state.remove(owner)
+		if err := pm.state.remove(owner); err != nil {
+			return err
+		}
+		if m.Backend == netfilter.KindNFTables && len(m.UDP4)+len(m.UDP6) == 0 {
+			// With a UDP flush the conntrack socket has already waited for the
+			// grace period; otherwise let a child wait for it instead of the runtime.
+			pm.detach()
+		}
+		return nil
 	}
 	tc := parseTeardownConf(in.Stdin)
 	if !tc.HasMappings {

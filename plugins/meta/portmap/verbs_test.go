@@ -29,6 +29,7 @@ type world struct {
 	flushed  []string
 	localnet []netip.Addr
 	failLoc  error
+	detached int
 }
 
 func newWorld(t *testing.T) *world {
@@ -53,7 +54,8 @@ func newWorld(t *testing.T) *world {
 			w.flushed = append(w.flushed, fmt.Sprintf("v6=%v %v", v6, ports))
 			return nil
 		},
-		logf: t.Logf,
+		logf:   t.Logf,
+		detach: func() { w.detached++ },
 	}
 	return w
 }
@@ -386,5 +388,30 @@ func TestMarkerRoundTrip(t *testing.T) {
 	}
 	if err := d.remove(owner1); err != nil {
 		t.Errorf("second remove: %v", err)
+	}
+}
+
+// DEL hands its nfnetlink sockets to a child only after an nftables removal without a
+// UDP flush (the flush's own socket has waited for the grace period already).
+func TestDelDetach(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		extra, mappings string
+		want            int
+	}{
+		{`,"backend":"nftables"`, tcpMapping, 1},
+		{`,"backend":"nftables"`, bothMapping, 0},
+		{`,"backend":"iptables"`, tcpMapping, 0},
+	} {
+		w := newWorld(t)
+		if _, err := w.pm.add(ctx, input("ADD", owner1, tc.extra, tc.mappings, dualStack())); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.pm.del(ctx, input("DEL", owner1, "", "", nil)); err != nil {
+			t.Fatal(err)
+		}
+		if w.detached != tc.want {
+			t.Errorf("%s %s: detached %d times, want %d", tc.extra, tc.mappings, w.detached, tc.want)
+		}
 	}
 }

@@ -1,0 +1,117 @@
+package main
+
+import (
+	"bufio"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// releaseEnv makes the binary wait for EOF on stdin and exit: the fallback child of
+// detachNetfilterSockets when no `cat` is installed.
+const releaseEnv = "PODWIRE_PORTMAP_RELEASE"
+
+// detachNetfilterSockets hands every NETLINK_NETFILTER socket of this process to a
+// short-lived child, so that this process can exit without waiting.
+//
+// Why: nf_tables frees deleted rules after an RCU grace period, in a work item; the
+// release of *any* nfnetlink socket waits for that work to finish
+// (nft_rcv_nl_event -> nf_tables_trans_destroy_flush_work). A DEL that has just deleted
+// rules would otherwise pay one grace period (~10 ms) at exit, when its socket closes,
+// though its rules are already gone (the batch was acknowledged). The child holds the
+// last reference to the sockets and pays the wait instead, off the runtime's path.
+// Nothing depends on the child: if it cannot start, the wait simply stays here.
+func detachNetfilterSockets() {
+	fds := netfilterSocketFDs()
+	if len(fds) == 0 {
+		return
+	}
+	var files []*os.File
+	for _, fd := range fds {
+		d, err := unix.Dup(fd)
+		if err != nil {
+			continue
+		}
+		files = append(files, os.NewFile(uintptr(d), "nfnetlink"))
+	}
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	// The child must outlive this process: it blocks reading a pipe whose only
+	// writer is this process, and gets EOF when this process exits.
+	r, w, err := os.Pipe()
+	if err != nil {
+		return
+	}
+	defer r.Close()
+	var cmd *exec.Cmd
+	if p, err := exec.LookPath("cat"); err == nil {
+		cmd = exec.Command(p)
+	} else if self, err := os.Executable(); err == nil {
+		cmd = exec.Command(self)
+		cmd.Env = []string{releaseEnv + "=1"}
+	} else {
+		w.Close()
+		return
+	}
+	cmd.Stdin = r
+	cmd.ExtraFiles = files
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		w.Close()
+		return
+	}
+	// Neither the child nor w is waited for or closed: w closes when this process
+	// exits, the child then reads EOF and exits, and whoever inherits it reaps it.
+	// The runtime does not wait for it: it holds none of our output pipes.
+	detachedWriter = w
+	_ = cmd.Process.Release()
+}
+
+// detachedWriter keeps the child's pipe open until exit (and from the collector).
+var detachedWriter *os.File
+
+// netfilterSocketFDs lists this process's file descriptors that are netlink sockets of
+// protocol NETLINK_NETFILTER, matched by inode against /proc/self/net/netlink.
+func netfilterSocketFDs() []int {
+	inodes := map[string]bool{}
+	f, err := os.Open("/proc/self/net/netlink")
+	if err != nil {
+		return nil
+	}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fl := strings.Fields(sc.Text())
+		if len(fl) >= 10 && fl[1] == "12" { // NETLINK_NETFILTER
+			inodes[fl[9]] = true
+		}
+	}
+	f.Close()
+	if len(inodes) == 0 {
+		return nil
+	}
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return nil
+	}
+	var fds []int
+	for _, e := range ents {
+		link, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name()))
+		if err != nil || !strings.HasPrefix(link, "socket:[") {
+			continue
+		}
+		if inodes[strings.TrimSuffix(strings.TrimPrefix(link, "socket:["), "]")] {
+			if fd, err := strconv.Atoi(e.Name()); err == nil {
+				fds = append(fds, fd)
+			}
+		}
+	}
+	return fds
+}
