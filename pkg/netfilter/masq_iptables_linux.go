@@ -141,7 +141,10 @@ func (b *MasqIPTables) removeFamilies(ctx context.Context, o Owner, addrs []neti
 func (b *MasqIPTables) removeFamily(ctx context.Context, fam Family, o Owner, addrs []netip.Prefix) error {
 	var famAddrs []netip.Prefix
 	if len(addrs) > 0 {
-		famAddrs = addrsOf(fam, addrs)
+		// Known addresses, none of this family: nothing of the pod's is here.
+		if famAddrs = addrsOf(fam, addrs); len(famAddrs) == 0 {
+			return nil
+		}
 	}
 	chain := MasqChain(o)
 	post, _, err := b.list(ctx, fam, masqPostrouting)
