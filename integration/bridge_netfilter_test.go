@@ -42,7 +42,7 @@ func inNS(t *testing.T, n ns.NetNS, f func() error) {
 // genericFeature exercises the generic owner-tagged layer (macspoofchk and portmap's
 // nftables rules use it) with masquerade-like rules: chain PW-GENTEST-POSTROUTING,
 // table inet podwire_gentest. bridge's ipMasq itself uses the reference's layout
-// (TestMasqBackends).
+// (TestNetfilterMasqBackends).
 var genericFeature = netfilter.Feature{Name: "gentest", Hooks: []netfilter.Hook{netfilter.NATPostrouting}}
 
 // genericPlan is three rules per address: return for the subnet, return for
@@ -228,11 +228,11 @@ func TestNetfilterMacSpoof(t *testing.T) {
 	}
 }
 
-// TestMasqBackends drives bridge's ipMasq backends (the reference's layout) directly:
+// TestNetfilterMasqBackends drives bridge's ipMasq backends (the reference's layout) directly:
 // a repeated Apply adds nothing, Check sees missing rules, GC removes only stale
 // attachments of its network, RemoveMasq (DEL) finds the rules whichever backend made
 // them, and nothing is left at the end.
-func TestMasqBackends(t *testing.T) {
+func TestNetfilterMasqBackends(t *testing.T) {
 	for _, kind := range []netfilter.Kind{netfilter.KindIPTables, netfilter.KindNFTables} {
 		t.Run(string(kind), func(t *testing.T) {
 			n := freshNS(t)
