@@ -565,3 +565,78 @@ func TestPortmapBadInput(t *testing.T) {
 	}
 	h.RequireUnchanged(before)
 }
+
+// TestPortmapOwnership attaches one container to two networks (as Multus does), each
+// with a host port, and removes one attachment with a DEL that carries no
+// portMappings (runtimes need not pass them again): only that attachment's forward
+// goes, on both backends.
+func TestPortmapOwnership(t *testing.T) {
+	for _, kind := range pmBackends {
+		t.Run(string(kind), func(t *testing.T) {
+			h := nstest.New(t)
+			client := pmNode(t, h)
+			netA := pmConf(h, pmBackend(kind))
+			netB := h.Conflist(`{"cniVersion":"1.1.0","name":"@PREFIX@netb","plugins":[
+			 {"type":"bridge","bridge":"@PREFIX@bb","isGateway":true,"hairpinMode":true,
+			  "ipam":{"type":"host-local","ranges":[[{"subnet":"10.79.0.0/24"}]],"dataDir":"@DATADIR@"}},
+			 {"type":"portmap","capabilities":{"portMappings":true},` + pmBackend(kind) + `}]}`)
+			pmWarmUp(t, h, netA)
+			pod := h.NewPod()
+			pmServe(t, pod, "pod", 80)
+			rtA := h.RT(pod, "eth0", pmMap("tcp:8080:80"))
+			rtB := h.RT(pod, "net1", pmMap("tcp:8081:80"))
+			h.MustAdd(netA, rtA)
+			h.MustAdd(netB, rtB)
+			// The pod's default route goes through network A; let it answer the client
+			// through network B too, so B keeps working when A goes.
+			h.Run(pod, "ip", "route", "add", "192.0.2.0/24", "via", "10.79.0.1", "dev", "net1")
+			pmExpect(t, "network A", client, "tcp", pmNode4+":8080", "pod", pmClient4)
+			pmExpect(t, "network B", client, "tcp", pmNode4+":8081", "pod", pmClient4)
+
+			h.MustDel(netA, h.RT(pod, "eth0")) // no portMappings in this DEL
+			if got, err := pmDialOnce(client, "tcp", pmNode4+":8080", nil); err == nil {
+				t.Errorf("network A's host port still answers after its DEL: %q", got)
+			}
+			pmExpect(t, "network B after A's DEL", client, "tcp", pmNode4+":8081", "pod", pmClient4)
+			if err := h.Check(netB, rtB); err != nil {
+				t.Errorf("CHECK of network B: %v", err)
+			}
+			if rules := pmRules(t, h); strings.Contains(rules, netA.Name+"/") || !strings.Contains(rules, netB.Name+"/") {
+				t.Errorf("rules after A's DEL:\n%s", rules)
+			}
+			h.MustDel(netB, h.RT(pod, "net1"))
+			if rules := pmRules(t, h); rules != "" {
+				t.Errorf("rules left:\n%s", rules)
+			}
+		})
+	}
+}
+
+// TestPortmapConditions restricts a host port to one client address with
+// conditionsV4 (iptables syntax, accepted by both backends): the external client gets
+// through, the node itself does not.
+func TestPortmapConditions(t *testing.T) {
+	for _, kind := range pmBackends {
+		t.Run(string(kind), func(t *testing.T) {
+			h := nstest.New(t)
+			client := pmNode(t, h)
+			list := pmConf(h, pmBackend(kind)+`,"conditionsV4":["-s","`+pmClient4+`/32"]`)
+			pod := h.NewPod()
+			pmServe(t, pod, "pod", 80)
+			rt := h.RT(pod, "eth0", pmMap("tcp:8080:80"))
+			h.MustAdd(list, rt)
+			pmExpect(t, "allowed client", client, "tcp", pmNode4+":8080", "pod", pmClient4)
+			if got, err := pmDialOnce(h.HostNS, "tcp", pmNode4+":8080", nil); err == nil {
+				t.Errorf("the node got through a condition that only allows %s: %q", pmClient4, got)
+			}
+			pmExpect(t, "IPv6 has no condition", client, "tcp", "["+pmNode6+"]:8080", "pod", pmClient6)
+			if err := h.Check(list, rt); err != nil {
+				t.Errorf("CHECK: %v", err)
+			}
+			h.MustDel(list, rt)
+			if rules := pmRules(t, h); rules != "" {
+				t.Errorf("rules left:\n%s", rules)
+			}
+		})
+	}
+}
