@@ -76,6 +76,18 @@ func (pm *portmap) add(ctx context.Context, in *cniplumb.Input) (_ types.Result,
 			}
 		}
 	}()
+	// A repeated ADD of the attachment: rules the new plan does not replace (another
+	// backend, or a family it no longer has) go first, so the marker below describes
+	// everything the attachment owns.
+	old, hadOld, err := pm.state.read(owner)
+	if err != nil {
+		return nil, err
+	}
+	if hadOld && (old.Backend != kind || old.Families&^plan.Families() != 0) {
+		if err := pm.removeWith(ctx, kindsOf(old), owner, old.Families); err != nil {
+			return nil, fmt.Errorf("removing the host ports of the previous ADD of %s: %w", owner, err)
+		}
+	}
 	// The marker goes first: a plugin killed between the two steps leaves a marker
 	// without rules, which DEL handles, never rules without a marker.
 	m := markerOf(plan, kind)
@@ -131,11 +143,7 @@ func (pm *portmap) del(ctx context.Context, in *cniplumb.Input) error {
 		return err
 	}
 	if ok {
-		kinds := []netfilter.Kind{m.Backend}
-		if m.Backend == netfilter.Auto { // unreadable marker: try both
-			kinds = []netfilter.Kind{netfilter.KindIPTables, netfilter.KindNFTables}
-		}
-		if err := pm.removeWith(ctx, kinds, owner, m.Families); err != nil {
+		if err := pm.removeWith(ctx, kindsOf(m), owner, m.Families); err != nil {
 			return err
 		}
 		pm.flush(m)
@@ -160,11 +168,22 @@ func (pm *portmap) del(ctx context.Context, in *cniplumb.Input) error {
 	return nil
 }
 
+// kindsOf is the backend a marker names, or both for an unreadable marker.
+func kindsOf(m marker) []netfilter.Kind {
+	if m.Backend == netfilter.Auto {
+		return []netfilter.Kind{netfilter.KindIPTables, netfilter.KindNFTables}
+	}
+	return []netfilter.Kind{m.Backend}
+}
+
 // removeWith removes owner's rules with each backend kind; a backend this node does
-// not have holds no rules.
+// not have (no iptables installed, no nf_tables in the kernel) holds no rules.
 func (pm *portmap) removeWith(ctx context.Context, kinds []netfilter.Kind, owner cniplumb.Owner, fams netfilter.Families) error {
 	var errs []error
 	for _, k := range kinds {
+		if k == netfilter.KindNFTables && len(kinds) > 1 && !pm.probe().NFTables {
+			continue
+		}
 		fw, _, err := pm.open(k)
 		if cniplumb.Code(err) == cniplumb.CodeNotAvailable {
 			continue

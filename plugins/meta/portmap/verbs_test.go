@@ -415,3 +415,33 @@ func TestDelDetach(t *testing.T) {
 		}
 	}
 }
+
+// A repeated ADD with another backend or fewer families leaves nothing of the first.
+func TestReAdd(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld(t)
+	if _, err := w.pm.add(ctx, input("ADD", owner1, `,"backend":"iptables"`, tcpMapping, dualStack())); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.pm.add(ctx, input("ADD", owner1, `,"backend":"nftables"`, tcpMapping, dualStack())); err != nil {
+		t.Fatal(err)
+	}
+	if w.fw[netfilter.KindIPTables].Dump() != "" || w.fw[netfilter.KindNFTables].Dump() == "" {
+		t.Errorf("after switching backends:\n%s", w.dump())
+	}
+	v4only := &current.Result{Interfaces: dualStack().Interfaces, IPs: dualStack().IPs[:2]}
+	if _, err := w.pm.add(ctx, input("ADD", owner1, `,"backend":"nftables"`, tcpMapping, v4only)); err != nil {
+		t.Fatal(err)
+	}
+	if d := w.dump(); strings.Contains(d, "ipv6") || !strings.Contains(d, "ipv4") {
+		t.Errorf("after dropping IPv6:\n%s", d)
+	}
+	if err := w.pm.del(ctx, input("DEL", owner1, "", "", nil)); err != nil || w.dump() != "" || len(w.markers()) != 0 {
+		t.Errorf("DEL: %v, markers %v\n%s", err, w.markers(), w.dump())
+	}
+	// Without nf_tables, a DEL that must look everywhere skips nftables.
+	w.probe = netfilter.Probe{IPTables: true}
+	if err := w.pm.del(ctx, input("DEL", owner1, "", tcpMapping, nil)); err != nil {
+		t.Errorf("DEL without nf_tables: %v", err)
+	}
+}
