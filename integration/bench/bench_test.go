@@ -87,6 +87,10 @@ func TestBench(t *testing.T) {
 		if e.quick && !sec.quick {
 			continue
 		}
+		// PODWIRE_BENCH_ONLY=<substring> runs only matching sections, for working on one.
+		if only := os.Getenv("PODWIRE_BENCH_ONLY"); only != "" && !strings.Contains(strings.ToLower(sec.name), strings.ToLower(only)) {
+			continue
+		}
 		t.Run(sec.name, func(t *testing.T) {
 			t0 := time.Now()
 			sec.run(e, t)

@@ -72,7 +72,8 @@ func benchForeignRules(e *env, t *testing.T) {
 		"iptables-restore (ClusterIP services with two endpoints: KUBE-SERVICES → KUBE-SVC-* → KUBE-SEP-* with comments, " +
 		"`statistic` and DNAT rules; eight rules and three chains per service). Both of podwire's netfilter users are set to " +
 		"the backend named by the column (bridge `ipMasqBackend` and portmap `backend`), the reference's to iptables. " +
-		"Each column runs in a fresh host netns per rule count, after one untimed ADD/DEL. " +
+		"Each (column, rule count) has its own host netns, all loaded before timing; one interleave runs them all, " +
+		"after one untimed ADD/DEL each. " +
 		"Milliseconds, median / p95; Δ columns compare medians with the same column at 0 rules; the last column is " +
 		"podwire's iptables median over the reference's (0.33 = a third)."
 	counts := []int{0, 20_000, 60_000}
@@ -105,35 +106,43 @@ func benchForeignRules(e *env, t *testing.T) {
 			 "ipam":{"type":"host-local","ranges":[[{"subnet":"10.93.0.0/16"}]],"dataDir":"@DATADIR@"}}]}`,
 			[]string{"bridge", "host-local"}},
 	}
+	// Every (rule count, variant) gets its own host netns, all made and loaded before
+	// timing, and one interleave runs them all, so drift cancels across rule counts too
+	// and the Δ columns compare like with like.
+	type key struct {
+		n     int
+		label string
+	}
+	var runners []*runner
+	keys := map[*runner]key{}
+	for _, n := range counts {
+		file := filepath.Join(t.TempDir(), "rules")
+		must(t, os.WriteFile(file, []byte(kubeProxyRules(n)), 0o600), "writing rules")
+		for _, v := range variants {
+			if e.quick && v.label != "floor" && v.label != "podwire nftables" {
+				continue
+			}
+			h := nstest.New(t)
+			if n > 0 && v.set != e.floor {
+				loadRules(t, h, file)
+			}
+			r := &runner{label: fmt.Sprintf("%s at %d rules", v.label, n), set: v.set, h: h, pod: h.NewPod(),
+				subst: map[string]string{"@MASQ@": v.masq, "@PMB@": v.pm}}
+			runners = append(runners, r)
+			keys[r] = key{n, v.label}
+		}
+	}
 	// results[conf][count][variant label]
 	results := map[string]map[int]map[string]*pair{}
 	for _, c := range confs {
 		results[c.name] = map[int]map[string]*pair{}
-	}
-	for _, n := range counts {
-		t.Run(fmt.Sprintf("%d rules", n), func(t *testing.T) {
-			file := filepath.Join(t.TempDir(), "rules")
-			must(t, os.WriteFile(file, []byte(kubeProxyRules(n)), 0o600), "writing rules")
-			var runners []*runner
-			for _, v := range variants {
-				if e.quick && v.label != "floor" && v.label != "podwire nftables" {
-					continue
-				}
-				h := nstest.New(t)
-				if n > 0 && v.set != e.floor {
-					loadRules(t, h, file)
-				}
-				runners = append(runners, &runner{label: v.label, set: v.set, h: h, pod: h.NewPod(),
-					subst: map[string]string{"@MASQ@": v.masq, "@PMB@": v.pm}})
-			}
-			for _, c := range confs {
-				res := e.timed(tbl, runners, iters, c.text, "eth0", chainCaps, c.types...)
-				results[c.name][n] = map[string]*pair{}
-				for r, p := range res {
-					results[c.name][n][r.label] = p
-				}
-			}
-		})
+		for _, n := range counts {
+			results[c.name][n] = map[string]*pair{}
+		}
+		for r, p := range e.timed(tbl, runners, iters, c.text, "eth0", chainCaps, c.types...) {
+			k := keys[r]
+			results[c.name][k.n][k.label] = p
+		}
 	}
 	for _, c := range confs {
 		for _, n := range counts {

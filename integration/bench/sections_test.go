@@ -18,6 +18,7 @@ type section struct {
 var sections = []section{
 	{"Full chain, sequential", true, benchChain},
 	{"Each plugin alone", true, benchAlone},
+	{"Kernel operations alone", true, benchKernel},
 	{"Chain with foreign iptables rules", true, benchForeignRules},
 	{"Concurrent pods", true, benchConcurrent},
 	{"host-local with existing leases", true, benchLeases},
