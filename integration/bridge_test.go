@@ -48,8 +48,26 @@ func warmUp(t *testing.T, h *nstest.H, list *libcni.NetworkConfigList) {
 	p := h.NewPod()
 	rt := h.RT(p, "eth0")
 	h.MustAdd(list, rt)
+	waitLinkLocal(t, h, h.Name("br"))
 	h.MustDel(list, rt)
 	settleBridge(t, h, h.Name("br"))
+}
+
+// waitLinkLocal waits until the bridge has its IPv6 link-local address. The kernel adds
+// it when the bridge first gets a carrier, through linkwatch (up to a second later);
+// a warm-up DEL before that would leave it to appear during the test itself.
+func waitLinkLocal(t *testing.T, h *nstest.H, br string) {
+	t.Helper()
+	if strings.TrimSpace(h.Run(h.HostNS, "sh", "-c", "cat /proc/sys/net/ipv6/conf/"+br+"/disable_ipv6 2>/dev/null || echo 1")) != "0" {
+		return
+	}
+	for i := 0; i < 60; i++ {
+		if strings.Contains(h.Run(h.HostNS, "ip", "-o", "-6", "addr", "show", "dev", br, "scope", "link"), "fe80::") {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("bridge %s got no IPv6 link-local address within 3 s of its first port", br)
 }
 
 // settleBridge waits until a bridge without ports shows it (no carrier) and its

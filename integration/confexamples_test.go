@@ -72,6 +72,9 @@ func TestConfExamples(t *testing.T) {
 			}
 			warm := h.NewPod()
 			h.MustAdd(conf, h.RT(warm, ifName, nstest.WithCaps(caps)))
+			if hasBridge {
+				waitLinkLocal(t, h, h.Name("br"))
+			}
 			h.MustDel(conf, h.RT(warm, ifName, nstest.WithCaps(caps)))
 			// The bridge loses its carrier and finishes IPv6 DAD on its own time; compare
 			// settled states only.
