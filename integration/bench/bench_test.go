@@ -34,6 +34,7 @@ type env struct {
 	rsswrap string
 	cache   map[string]string // set name -> libcni cache dir
 	rep     *report
+	targets *table             // issue 8's targets, first in BENCHMARKS.md
 	base    map[string]*runner // set name -> its runner in its own host netns
 	// leaseDirs are section 5's data dirs with 10,000 leases, per set, for the RSS pass.
 	leaseDirs map[string]string
@@ -83,6 +84,8 @@ func TestBench(t *testing.T) {
 		h := nstest.New(t)
 		e.base[s.Name] = &runner{label: s.Name, set: s, h: h, pod: h.NewPod()}
 	}
+	e.targets = e.rep.section("Issue 8 targets on this run", "target", "wanted", "podwire", "reference", "met")
+	e.targets.intro = "Computed from the sections below (medians). Reported, not asserted: a miss is a finding for the plugin's owner."
 	for _, sec := range sections {
 		if e.quick && !sec.quick {
 			continue
@@ -278,8 +281,9 @@ func (e *env) timed(tbl *table, runners []*runner, iters int, text, ifName strin
 	})
 }
 
-// timedRows runs timed on the three base runners and adds an ADD and a DEL row.
-func (e *env) timedRows(tbl *table, bench, text, ifName string, caps func(i int) map[string]any, types ...string) {
+// timedRows runs timed on the three base runners, adds an ADD and a DEL row, and
+// returns the samples per set name.
+func (e *env) timedRows(tbl *table, bench, text, ifName string, caps func(i int) map[string]any, types ...string) map[string]*pair {
 	res := e.timed(tbl, e.baseRunners(), e.iters, text, ifName, caps, types...)
 	col := func(s *set, del bool) sample {
 		p := res[e.base[s.Name]]
@@ -293,6 +297,11 @@ func (e *env) timedRows(tbl *table, bench, text, ifName string, caps func(i int)
 	}
 	tbl.timingRow(bench+" ADD", col(e.floor, false), col(e.ref, false), col(e.ours, false))
 	tbl.timingRow(bench+" DEL", col(e.floor, true), col(e.ref, true), col(e.ours, true))
+	out := map[string]*pair{}
+	for _, s := range e.sets() {
+		out[s.Name] = &pair{add: col(s, false), del: col(s, true)}
+	}
+	return out
 }
 
 var placeholder = regexp.MustCompile(`@[A-Z]+@`)

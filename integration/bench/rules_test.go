@@ -170,4 +170,50 @@ func benchForeignRules(e *env, t *testing.T) {
 			}
 		}
 	}
+	addOf := func(label string, n int) sample {
+		if p := results["full chain"][n][label]; p != nil {
+			return p.add
+		}
+		return nil
+	}
+	last := counts[len(counts)-1]
+	e.target(fmt.Sprintf("full chain ADD at %d foreign rules, nftables (section 3)", last), "≤ its 0-rule median + 2 ms",
+		withUnit(delta(addOf("podwire nftables", last), addOf("podwire nftables", 0)), " ms"),
+		withUnit(delta(addOf("reference", last), addOf("reference", 0)), " ms (iptables)"),
+		under(addOf("podwire nftables", last), addOf("podwire nftables", 0), 2))
+	var fr []string
+	var ok *bool
+	decided, all := false, true
+	for _, n := range counts {
+		o, r := addOf("podwire iptables", n), addOf("reference", n)
+		fr = append(fr, fraction(o, r))
+		if len(o) > 0 && len(r) > 0 {
+			decided = true
+			all = all && 3*o.median() <= r.median()
+		}
+	}
+	if decided {
+		ok = boolp(all)
+	}
+	if !decided && e.quick {
+		return // bench-quick runs no iptables column
+	}
+	e.target("full chain ADD on iptables, podwire / reference, at "+intList(counts)+" rules (section 3)", "≤ 0.33 at each",
+		strings.Join(fr, " / "), "1", ok)
+}
+
+// withUnit appends unit unless v is n/a.
+func withUnit(v, unit string) string {
+	if v == "n/a" {
+		return v
+	}
+	return v + unit
+}
+
+func intList(ns []int) string {
+	var s []string
+	for _, n := range ns {
+		s = append(s, fmt.Sprintf("%d", n))
+	}
+	return strings.Join(s, " / ")
 }

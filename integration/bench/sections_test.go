@@ -59,7 +59,10 @@ func benchChain(e *env, t *testing.T) {
 	tbl := e.rep.section("1. Full chain, sequential", timingHeader...)
 	tbl.intro = "bridge (isGateway, ipMasq) + host-local, portmap with one hostPort, bandwidth at 10 Mbit/s in and out with " +
 		"containerd's burst; one ADD then its DEL per round, on one pod netns. " + defaultBackends
-	e.timedRows(tbl, "full chain", chainConf("", ""), "eth0", chainCaps, chainTypes...)
+	res := e.timedRows(tbl, "full chain", chainConf("", ""), "eth0", chainCaps, chainTypes...)
+	f, r, o := res[e.floor.Name], res[e.ref.Name], res[e.ours.Name]
+	e.target("full chain ADD, default backends (section 1)", "≤ floor + 5 ms", withUnit(delta(o.add, f.add), " ms"), withUnit(delta(r.add, f.add), " ms"), under(o.add, f.add, 5))
+	e.target("full chain DEL, default backends (section 1)", "≤ floor + 5 ms", withUnit(delta(o.del, f.del), " ms"), withUnit(delta(r.del, f.del), " ms"), under(o.del, f.del, 5))
 }
 
 // vethPodResult is the result bench-noop hands to a plugin measured alone: the pod

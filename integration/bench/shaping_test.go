@@ -43,6 +43,7 @@ func benchShaping(e *env, t *testing.T) {
 		list   *libcni.NetworkConfigList
 	}
 	worlds := map[*runner]*world{}
+	quality := map[*set]*shapeQuality{}
 	for _, r := range runners {
 		h := nstest.New(t)
 		w := &world{h: h, peer: h.NewPod()}
@@ -87,6 +88,12 @@ func benchShaping(e *env, t *testing.T) {
 				}
 				t.Logf("%s %s at %d Mbit/s: %s; ping %v", r.label, dir.name, rate/1_000_000, tp, rtts)
 				tbl.row(shapingRow(r.label, float64(rate), dir.name, tp, rtts, sent)...)
+				q := quality[r.set]
+				if q == nil {
+					q = &shapeQuality{}
+					quality[r.set] = q
+				}
+				q.add(float64(rate), tp, rtts, sent)
 			}
 			if err := e.del(pod, list, rt); err != nil {
 				t.Errorf("%s: DEL of the shaped pod: %v", r.label, err)
@@ -98,6 +105,13 @@ func benchShaping(e *env, t *testing.T) {
 			t.Errorf("%s: DEL of the unshaped peer: %v", w.sh.label, err)
 		}
 	}
+	qo, qr := quality[e.ours], quality[e.ref]
+	var okRate, okRTT *bool
+	if qo != nil && qo.runs > 0 {
+		okRate, okRTT = boolp(qo.worstOff <= 0.10), boolp(qo.maxRTT < 30 && qo.lost == 0)
+	}
+	e.target("shaping, every 1-second interval (section 6)", "within ±10% of the rate", qo.offString(), qr.offString(), okRate)
+	e.target("shaping, ping RTT under load (section 6)", "< 30 ms", qo.rttString(), qr.rttString(), okRTT)
 	sort.SliceStable(tbl.rows, func(i, j int) bool { return tbl.rows[i][0]+tbl.rows[i][1] < tbl.rows[j][0]+tbl.rows[j][1] })
 }
 
@@ -144,4 +158,41 @@ func (e *env) add(r *runner, list *libcni.NetworkConfigList, rt *libcni.RuntimeC
 func (e *env) del(r *runner, list *libcni.NetworkConfigList, rt *libcni.RuntimeConf) error {
 	c := e.cni(r.set)
 	return r.h.InHost(func() error { return c.DelNetworkList(ctxBG(), list, rt) })
+}
+
+// shapeQuality is the worst of a set's shaping runs.
+type shapeQuality struct {
+	runs     int
+	worstOff float64 // largest |interval/rate - 1|
+	maxRTT   float64 // ms
+	lost     int     // pings not answered
+}
+
+func (q *shapeQuality) add(rate float64, tp measure.Throughput, rtts []float64, sent int) {
+	q.runs++
+	for _, v := range tp.Intervals {
+		q.worstOff = math.Max(q.worstOff, math.Abs(v/rate-1))
+	}
+	for _, r := range rtts {
+		q.maxRTT = math.Max(q.maxRTT, r)
+	}
+	q.lost += sent - len(rtts)
+}
+
+func (q *shapeQuality) offString() string {
+	if q == nil || q.runs == 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("worst %.0f%% off", q.worstOff*100)
+}
+
+func (q *shapeQuality) rttString() string {
+	if q == nil || q.runs == 0 {
+		return "n/a"
+	}
+	s := fmt.Sprintf("max %.0f ms", q.maxRTT)
+	if q.lost > 0 {
+		s += fmt.Sprintf(", %d pings unanswered", q.lost)
+	}
+	return s
 }
