@@ -115,7 +115,8 @@ func Diff(a, b Snapshot) string {
 func lineSet(s string) map[string]bool {
 	m := map[string]bool{}
 	for _, l := range strings.Split(s, "\n") {
-		if strings.TrimSpace(l) != "" {
+		// iproute2 ends some lines with a space depending on attribute order.
+		if l = strings.TrimSpace(l); l != "" {
 			m[l] = true
 		}
 	}

@@ -1,0 +1,221 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/testutils"
+	"github.com/vishvananda/netlink"
+
+	"github.com/podwire/podwire/integration/nodestate"
+)
+
+const (
+	nodeUplinkIP   = "192.0.2.1"
+	clientUplinkIP = "192.0.2.2"
+	hostPort       = 8080
+)
+
+// pod is one demo pod: its netns and what ADD returned.
+type pod struct {
+	name string
+	ns   ns.NetNS
+	rt   *libcni.RuntimeConf
+	res  *current.Result
+	ip   net.IP
+}
+
+type demo struct {
+	start   time.Time
+	root    string
+	tmp     string
+	binDir  string
+	dataDir string
+	node    ns.NetNS
+	client  ns.NetNS
+	a, b    *pod
+	net     *libcni.NetworkConfigList
+	lo      *libcni.NetworkConfigList
+	cni     *libcni.CNIConfig
+	before  nodestate.Snapshot
+	added   []*pod
+}
+
+var tools = map[string]string{"ip": "iproute2", "tc": "iproute2", "iptables-save": "iptables", "nft": "nftables", "nsenter": "util-linux"}
+
+func (d *demo) build(context.Context) error {
+	var missing []string
+	for cmd, pkg := range tools {
+		if _, err := exec.LookPath(cmd); err != nil {
+			missing = append(missing, pkg)
+		}
+	}
+	if len(missing) > 0 {
+		say("installing %s (used to show node state) with apt-get", strings.Join(missing, " "))
+		if out, err := exec.Command("sh", "-c", "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "+strings.Join(missing, " ")).CombinedOutput(); err != nil {
+			return fmt.Errorf("installing %v: %v\n%s", missing, err, out)
+		}
+	}
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return fmt.Errorf("go env GOMOD: %w", err)
+	}
+	d.root = filepath.Dir(strings.TrimSpace(string(out)))
+	if d.tmp, err = os.MkdirTemp("", "podwire-demo-"); err != nil {
+		return err
+	}
+	d.binDir = filepath.Join(d.tmp, "bin")
+	d.dataDir = filepath.Join(d.tmp, "leases")
+	cmd := exec.Command("make", "-s", "build", "BIN_DIR="+d.binDir)
+	cmd.Dir = d.root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("make build: %v\n%s", err, out)
+	}
+	entries, _ := os.ReadDir(d.binDir)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	say("plugins in private CNI bin dir %s: %s", d.binDir, strings.Join(names, " "))
+	d.cni = libcni.NewCNIConfigWithCacheDir([]string{d.binDir}, filepath.Join(d.tmp, "cache"), nil)
+	if d.net, err = d.loadConflist("10-kubenet.conflist"); err != nil {
+		return err
+	}
+	d.lo, err = d.loadConflist("99-loopback.conflist")
+	return err
+}
+
+// loadConflist reads a conf-example; the only change is dataDir, so leases go to the
+// demo's private directory instead of /var/lib/cni/networks.
+func (d *demo) loadConflist(name string) (*libcni.NetworkConfigList, error) {
+	path := filepath.Join(d.root, "conf-examples", name)
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var list map[string]any
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	for _, p := range list["plugins"].([]any) {
+		if ipam, ok := p.(map[string]any)["ipam"].(map[string]any); ok {
+			ipam["dataDir"] = d.dataDir
+		}
+	}
+	b, _ := json.Marshal(list)
+	say("conflist %s (dataDir -> %s)", path, d.dataDir)
+	return libcni.NetworkConfFromBytes(b)
+}
+
+func (d *demo) world(context.Context) error {
+	var err error
+	if d.node, err = testutils.NewNS(); err != nil {
+		return fmt.Errorf("creating node netns: %w", err)
+	}
+	if d.client, err = testutils.NewNS(); err != nil {
+		return fmt.Errorf("creating client netns: %w", err)
+	}
+	// The node's uplink to the outside client: node 192.0.2.1 <-> client 192.0.2.2.
+	err = d.node.Do(func(ns.NetNS) error {
+		lo, _ := netlink.LinkByName("lo")
+		if err := netlink.LinkSetUp(lo); err != nil {
+			return err
+		}
+		la := netlink.NewLinkAttrs()
+		la.Name = "uplink0"
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "uplink1", PeerNamespace: netlink.NsFd(int(d.client.Fd()))}); err != nil {
+			return fmt.Errorf("creating uplink veth: %w", err)
+		}
+		l, err := netlink.LinkByName("uplink0")
+		if err != nil {
+			return err
+		}
+		// No IPv6 DAD on the uplink: a link-local address leaving "tentative" during the
+		// demo would show up as a change of the node.
+		if err := os.WriteFile("/proc/sys/net/ipv6/conf/uplink0/accept_dad", []byte("0"), 0o644); err != nil {
+			return err
+		}
+		addr, _ := netlink.ParseAddr(nodeUplinkIP + "/24")
+		if err := netlink.AddrAdd(l, addr); err != nil {
+			return err
+		}
+		return netlink.LinkSetUp(l)
+	})
+	if err != nil {
+		return fmt.Errorf("node uplink: %w", err)
+	}
+	err = d.client.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName("uplink1")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile("/proc/sys/net/ipv6/conf/uplink1/accept_dad", []byte("0"), 0o644); err != nil {
+			return err
+		}
+		addr, _ := netlink.ParseAddr(clientUplinkIP + "/24")
+		if err := netlink.AddrAdd(l, addr); err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			return err
+		}
+		lo, _ := netlink.LinkByName("lo")
+		return netlink.LinkSetUp(lo)
+	})
+	if err != nil {
+		return fmt.Errorf("client uplink: %w", err)
+	}
+	d.a = &pod{name: "pod-a"}
+	d.b = &pod{name: "pod-b"}
+	for _, p := range []*pod{d.a, d.b} {
+		if p.ns, err = testutils.NewNS(); err != nil {
+			return fmt.Errorf("creating %s netns: %w", p.name, err)
+		}
+	}
+	say("node    %s  (uplink %s/24)", d.node.Path(), nodeUplinkIP)
+	say("client  %s  (uplink %s/24, outside the node)", d.client.Path(), clientUplinkIP)
+	say("pod-a   %s", d.a.ns.Path())
+	say("pod-b   %s", d.b.ns.Path())
+	if d.before, err = nodestate.Take(d.node.Path(), d.dataDir); err != nil {
+		return fmt.Errorf("snapshot before: %w", err)
+	}
+	say("snapshot of the node taken (links, addresses, routes, sysctls, iptables, nft, qdiscs, filters, leases)")
+	return nil
+}
+
+// teardown removes everything the demo made, whatever state it is in.
+func (d *demo) teardown() {
+	for _, p := range d.added {
+		_ = d.inNode(func() error { return d.cni.DelNetworkList(context.Background(), d.net, p.rt) })
+	}
+	for _, n := range []ns.NetNS{d.node, d.client} {
+		if n != nil {
+			_ = n.Close()
+			_ = testutils.UnmountNS(n)
+		}
+	}
+	for _, p := range []*pod{d.a, d.b} {
+		if p != nil && p.ns != nil {
+			_ = p.ns.Close()
+			_ = testutils.UnmountNS(p.ns)
+		}
+	}
+	if d.tmp != "" {
+		_ = os.RemoveAll(d.tmp)
+	}
+}
+
+// inNode runs f on a thread in the node netns; plugins libcni starts from f run there.
+func (d *demo) inNode(f func() error) error {
+	return d.node.Do(func(ns.NetNS) error { return f() })
+}
