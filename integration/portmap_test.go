@@ -192,8 +192,8 @@ func pmRules(t *testing.T, h *nstest.H) string {
 	return out
 }
 
-// pmWarmUp runs one ADD with a mapping and one DEL, so the bridge and the sysctls
-// (forwarding, route_localnet on the bridge) exist before the test's snapshot.
+// pmWarmUp runs one ADD with a mapping and one DEL, so the bridge and its sysctls
+// exist before the test's snapshot (route_localnet is back to 0 after the DEL).
 func pmWarmUp(t *testing.T, h *nstest.H, list *libcni.NetworkConfigList) {
 	t.Helper()
 	p := h.NewPod()
@@ -272,6 +272,9 @@ func TestPortmapTraffic(t *testing.T) {
 			}
 			if got := len(pmMarkers(t, list.Name)); got != 1 {
 				t.Errorf("%d markers for the attachment, want 1", got)
+			}
+			if got := strings.TrimSpace(h.Run(h.HostNS, "cat", "/proc/sys/net/ipv4/conf/"+h.Name("br")+"/route_localnet")); got != "1" {
+				t.Errorf("route_localnet on the bridge = %s while a pod has host ports, want 1", got)
 			}
 
 			// External client: the pod sees the client's own address.

@@ -19,13 +19,14 @@ func main() {
 		return
 	}
 	pm := &portmap{
-		open:     netfilter.OpenHostPorts,
-		probe:    netfilter.ProbeHost,
-		state:    defaultStateDir,
-		localnet: enableLocalnet,
-		flushUDP: flushUDP,
-		logf:     stderrf,
-		detach:   detachNetfilterSockets,
+		open:       netfilter.OpenHostPorts,
+		probe:      netfilter.ProbeHost,
+		state:      defaultStateDir,
+		routeIface: routeIface,
+		localnet:   localnet{dir: defaultStateDir, proc: "/proc/sys/net/ipv4/conf"},
+		flushUDP:   flushUDP,
+		logf:       stderrf,
+		detach:     detachNetfilterSockets,
 	}
 	cniplumb.Main("portmap", cniplumb.Verbs{Add: pm.add, Del: pm.del, Check: pm.check, GC: pm.gc, Status: pm.status})
 }

@@ -29,6 +29,9 @@ type marker struct {
 	Families netfilter.Families `json:"families"` // the address families ADD touched
 	UDP4     []uint16           `json:"udp4,omitempty"`
 	UDP6     []uint16           `json:"udp6,omitempty"`
+	// Localnet is the interface this attachment needs route_localnet on (IPv4 with
+	// snat), counted as one of its users until DEL.
+	Localnet string `json:"localnet,omitempty"`
 }
 
 func markerOf(p netfilter.HostPortPlan, kind netfilter.Kind) marker {

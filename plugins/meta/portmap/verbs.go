@@ -16,10 +16,13 @@ import (
 // portmap holds the plugin's seams: the backend opener, the marker directory and the
 // host-side effects. main wires the real ones; unit tests wire fakes.
 type portmap struct {
-	open     func(netfilter.Kind) (netfilter.HostPortBackend, netfilter.Kind, error)
-	probe    func() netfilter.Probe
-	state    stateDir
-	localnet func(pod netip.Addr) error
+	open  func(netfilter.Kind) (netfilter.HostPortBackend, netfilter.Kind, error)
+	probe func() netfilter.Probe
+	state stateDir
+	// routeIface finds the host interface that routes to a pod address ("" for none).
+	routeIface func(pod netip.Addr) (string, error)
+	// localnet counts the users of route_localnet per interface.
+	localnet localnetUsers
 	flushUDP func(ipv6 bool, ports []uint16) error
 	logf     func(format string, a ...any)
 	// detach hands the process's nfnetlink sockets to a short-lived child, so exiting
@@ -28,6 +31,12 @@ type portmap struct {
 }
 
 func stderrf(format string, a ...any) { fmt.Fprintf(os.Stderr, "portmap: "+format+"\n", a...) }
+
+// localnetUsers keeps route_localnet on while an attachment needs it (host_linux.go).
+type localnetUsers interface {
+	hold(iface string, id netfilter.OwnerID) error
+	release(iface string, id netfilter.OwnerID) error
+}
 
 // undoStack runs inverses of completed steps when ADD fails.
 type undoStack []func() error
@@ -91,6 +100,12 @@ func (pm *portmap) add(ctx context.Context, in *cniplumb.Input) (_ types.Result,
 	// The marker goes first: a plugin killed between the two steps leaves a marker
 	// without rules, which DEL handles, never rules without a marker.
 	m := markerOf(plan, kind)
+	if m.Localnet, err = pm.localnetIface(plan); err != nil {
+		return nil, err
+	}
+	if hadOld && old.Localnet != "" && old.Localnet != m.Localnet {
+		pm.releaseLocalnet(old.Localnet, netfilter.IDOf(owner))
+	}
 	if err := pm.state.write(owner, m); err != nil {
 		return nil, err
 	}
@@ -99,20 +114,39 @@ func (pm *portmap) add(ctx context.Context, in *cniplumb.Input) (_ types.Result,
 		return nil, fmt.Errorf("installing host ports of %s with %s: %w", owner, kind, err)
 	}
 	undo.push(func() error { return fw.Remove(context.WithoutCancel(ctx), owner, plan.Families()) })
-	if plan.SNAT && !plan.MasqAll {
-		for _, hp := range plan.Ports {
-			if hp.Family() == netfilter.IPv4 {
-				if err := pm.localnet(hp.Pod.Addr()); err != nil {
-					return nil, err
-				}
-				break
-			}
+	if m.Localnet != "" {
+		id := netfilter.IDOf(owner)
+		if err := pm.localnet.hold(m.Localnet, id); err != nil {
+			return nil, err
 		}
+		undo.push(func() error { return pm.localnet.release(m.Localnet, id) })
 	}
 	// Flush only after the DNAT exists: flushing first lets a packet in between
 	// re-create the very entry removed.
 	pm.flush(m)
 	return res, nil
+}
+
+// localnetIface is the interface whose route_localnet the plan needs: the one routing
+// to the pod's IPv4 address, when connections from 127.0.0.1 are masqueraded.
+func (pm *portmap) localnetIface(p netfilter.HostPortPlan) (string, error) {
+	if !p.SNAT {
+		return "", nil
+	}
+	for _, hp := range p.Ports {
+		if hp.Family() == netfilter.IPv4 {
+			return pm.routeIface(hp.Pod.Addr())
+		}
+	}
+	return "", nil
+}
+
+// releaseLocalnet drops an attachment's use of route_localnet; failures are only
+// logged (the knob is harmless left on, and DEL must not fail over it).
+func (pm *portmap) releaseLocalnet(iface string, id netfilter.OwnerID) {
+	if err := pm.localnet.release(iface, id); err != nil {
+		pm.logf("releasing route_localnet on %s: %v", iface, err)
+	}
 }
 
 // flush removes stale UDP conntrack entries for a marker's ports. Failures are only
@@ -149,6 +183,9 @@ func (pm *portmap) del(ctx context.Context, in *cniplumb.Input) error {
 		pm.flush(m)
 		if err := pm.state.remove(owner); err != nil {
 			return err
+		}
+		if m.Localnet != "" {
+			pm.releaseLocalnet(m.Localnet, netfilter.IDOf(owner))
 		}
 		if m.Backend == netfilter.KindNFTables && len(m.UDP4)+len(m.UDP6) == 0 {
 			// With a UDP flush the conntrack socket has already waited for the
@@ -292,6 +329,10 @@ func (pm *portmap) gc(ctx context.Context, in *cniplumb.Input) error {
 		pm.flush(m.marker)
 		if err := os.Remove(m.file); err != nil && !os.IsNotExist(err) {
 			errs = append(errs, cniplumb.IOError("removing portmap state "+m.file, err))
+			continue
+		}
+		if m.Localnet != "" {
+			pm.releaseLocalnet(m.Localnet, m.id)
 		}
 	}
 	return errors.Join(errs...)

@@ -30,11 +30,26 @@ type world struct {
 	localnet []netip.Addr
 	failLoc  error
 	detached int
+	proc     string
+	stateDir string
+}
+
+// routeLocalnet reads the fake /proc value of cni0's route_localnet.
+func (w *world) routeLocalnet() string {
+	b, _ := os.ReadFile(w.proc + "/cni0/route_localnet")
+	return strings.TrimSpace(string(b))
 }
 
 func newWorld(t *testing.T) *world {
-	w := &world{t: t, probe: netfilter.Probe{IPTables: true, NFTables: true},
+	w := &world{t: t, probe: netfilter.Probe{IPTables: true, NFTables: true}, stateDir: t.TempDir(),
 		fw: map[netfilter.Kind]*netfilter.HostPortFake{netfilter.KindIPTables: netfilter.NewHostPortFake(), netfilter.KindNFTables: netfilter.NewHostPortFake()}}
+	w.proc = t.TempDir()
+	if err := os.MkdirAll(w.proc+"/cni0", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(w.proc+"/cni0/route_localnet", []byte("0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	w.pm = &portmap{
 		open: func(k netfilter.Kind) (netfilter.HostPortBackend, netfilter.Kind, error) {
 			w.opens++
@@ -45,17 +60,18 @@ func newWorld(t *testing.T) *world {
 			return w.fw[k], k, nil
 		},
 		probe: func() netfilter.Probe { return w.probe },
-		state: stateDir(t.TempDir()),
-		localnet: func(a netip.Addr) error {
+		state: stateDir(w.stateDir),
+		routeIface: func(a netip.Addr) (string, error) {
 			w.localnet = append(w.localnet, a)
-			return w.failLoc
+			return "cni0", w.failLoc
 		},
 		flushUDP: func(v6 bool, ports []uint16) error {
 			w.flushed = append(w.flushed, fmt.Sprintf("v6=%v %v", v6, ports))
 			return nil
 		},
-		logf:   t.Logf,
-		detach: func() { w.detached++ },
+		localnet: localnet{dir: w.stateDir, proc: w.proc},
+		logf:     t.Logf,
+		detach:   func() { w.detached++ },
 	}
 	return w
 }
@@ -68,7 +84,9 @@ func (w *world) markers() []string {
 	ents, _ := os.ReadDir(string(w.pm.state))
 	var out []string
 	for _, e := range ents {
-		out = append(out, e.Name())
+		if !strings.HasPrefix(e.Name(), "localnet") {
+			out = append(out, e.Name())
+		}
 	}
 	return out
 }
@@ -110,6 +128,9 @@ func TestAddDelCycle(t *testing.T) {
 	if strings.Join(w.flushed, ";") != "v6=false [5353];v6=true [5353]" {
 		t.Errorf("UDP flush after ADD: %v", w.flushed)
 	}
+	if got := w.routeLocalnet(); got != "1" {
+		t.Errorf("route_localnet after ADD = %s, want 1", got)
+	}
 	if err := w.pm.check(ctx, input("CHECK", owner1, "", bothMapping, dualStack())); err != nil {
 		t.Errorf("CHECK after ADD: %v", err)
 	}
@@ -127,6 +148,9 @@ func TestAddDelCycle(t *testing.T) {
 	}
 	if strings.Join(w.flushed, ";") != "v6=false [5353];v6=true [5353]" {
 		t.Errorf("UDP flush on DEL: %v", w.flushed)
+	}
+	if got := w.routeLocalnet(); got != "0" {
+		t.Errorf("route_localnet after the last DEL = %s, want 0 again", got)
 	}
 	// DEL is idempotent and costs nothing the second time.
 	opens := w.opens
@@ -354,6 +378,12 @@ func TestStateWalk(t *testing.T) {
 		if d := w.dump(); d != "" || len(w.markers()) != 0 {
 			t.Fatalf("round %d: left markers %v and rules\n%s", round, w.markers(), d)
 		}
+		if got := w.routeLocalnet(); got != "0" {
+			t.Fatalf("round %d: route_localnet left at %s", round, got)
+		}
+		if _, err := os.Stat(w.stateDir + "/localnet/cni0"); err == nil {
+			t.Fatalf("round %d: route_localnet users left", round)
+		}
 	}
 }
 
@@ -443,5 +473,50 @@ func TestReAdd(t *testing.T) {
 	w.probe = netfilter.Probe{IPTables: true}
 	if err := w.pm.del(ctx, input("DEL", owner1, "", tcpMapping, nil)); err != nil {
 		t.Errorf("DEL without nf_tables: %v", err)
+	}
+}
+
+// route_localnet stays on while any attachment needs it, goes off with the last one,
+// and is never turned off when it was on before podwire came.
+func TestRouteLocalnetUsers(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld(t)
+	a := cniplumb.Owner{Network: "net1", ContainerID: "a", IfName: "eth0"}
+	b := cniplumb.Owner{Network: "net2", ContainerID: "b", IfName: "eth0"}
+	for _, o := range []cniplumb.Owner{a, b} {
+		if _, err := w.pm.add(ctx, input("ADD", o, "", tcpMapping, dualStack())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.pm.del(ctx, input("DEL", a, "", "", nil)); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.routeLocalnet(); got != "1" {
+		t.Errorf("route_localnet = %s while b still needs it", got)
+	}
+	gc := input("GC", b, "", "", nil) // b's network, b not listed: collected
+	if err := w.pm.gc(ctx, gc); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.routeLocalnet(); got != "0" {
+		t.Errorf("route_localnet = %s after GC removed its last user", got)
+	}
+	// Set by someone else first: left alone.
+	_ = os.WriteFile(w.proc+"/cni0/route_localnet", []byte("1"), 0o644)
+	if _, err := w.pm.add(ctx, input("ADD", a, "", tcpMapping, dualStack())); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.pm.del(ctx, input("DEL", a, "", "", nil)); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.routeLocalnet(); got != "1" {
+		t.Errorf("route_localnet = %s; podwire turned off what it had not turned on", got)
+	}
+	// snat off or IPv6 only: not needed at all.
+	if _, err := w.pm.add(ctx, input("ADD", a, `,"snat":false`, tcpMapping, dualStack())); err != nil {
+		t.Fatal(err)
+	}
+	if m, _, _ := w.pm.state.read(a); m.Localnet != "" {
+		t.Errorf("snat=false recorded route_localnet on %s", m.Localnet)
 	}
 }
