@@ -48,7 +48,12 @@ func (b *HostPortNFTables) Remove(ctx context.Context, o Owner, fams Families) e
 	// The reference's rules first: closing removeRefNFT's socket after our own
 	// deletion would wait for the kernel to free the deleted rules (an RCU grace
 	// period, ~10 ms); before it, nothing of ours is pending.
-	rerr := removeRefNFT(o.ContainerID)
+	c, done, err := b.nft.conn()
+	if err != nil {
+		return err
+	}
+	rerr := removeRefNFT(c, o.ContainerID)
+	done()
 	return errors.Join(b.nft.Remove(ctx, HostPortFeature, IDOf(o), fams), rerr)
 }
 
@@ -63,13 +68,9 @@ const refNFTTable = "cni_hostport"
 var refNFTChains = []string{"hostports", "hostip_hostports", "masquerading"}
 
 // removeRefNFT deletes the reference nftables portmap's rules for containerID, in one
-// batch per family; a missing table or chain is nothing to do. It costs one netlink
-// round trip per family when the reference's tables are absent.
-func removeRefNFT(containerID string) error {
-	c, err := nftables.New()
-	if err != nil {
-		return fmt.Errorf("opening nf_tables netlink socket: %w", err)
-	}
+// batch per family, on c; a missing table or chain is nothing to do. It costs one
+// netlink round trip per family when the reference's tables are absent.
+func removeRefNFT(c *nftables.Conn, containerID string) error {
 	var errs []error
 	for _, fam := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6} {
 		t, err := c.ListTableOfFamily(refNFTTable, fam)
