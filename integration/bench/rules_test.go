@@ -74,10 +74,11 @@ func benchForeignRules(e *env, t *testing.T) {
 		"the backend named by the column (bridge `ipMasqBackend` and portmap `backend`), the reference's to iptables. " +
 		"Each (column, rule count) has its own host netns, all loaded before timing; one interleave runs them all, " +
 		"after one untimed ADD/DEL each. " +
-		"Milliseconds, median / p95; Δ columns compare medians with the same column at 0 rules; the last column is " +
+		"Milliseconds, median / p95; Δ columns compare medians with the same column at 0 rules, ± the standard error of " +
+		"that difference (from the interquartile ranges: differences inside it are noise); the last column is " +
 		"podwire's iptables median over the reference's (0.33 = a third)."
 	counts := []int{0, 20_000, 60_000}
-	iters := 12
+	iters := 20
 	if e.quick {
 		counts, iters = []int{0, 60_000}, 6
 		tbl.note("bench-quick runs only the floor and podwire nftables, at 0 and 60,000 rules")
@@ -161,7 +162,7 @@ func benchForeignRules(e *env, t *testing.T) {
 					if n == 0 {
 						return "—"
 					}
-					return delta(get(label, n), get(label, 0))
+					return deltaPM(get(label, n), get(label, 0))
 				}
 				tbl.row(c.name, fmt.Sprintf("%d", n), op,
 					cell(get("floor", n)), cell(get("reference", n)), cell(get("podwire iptables", n)), cell(get("podwire nftables", n)),
@@ -178,8 +179,8 @@ func benchForeignRules(e *env, t *testing.T) {
 	}
 	last := counts[len(counts)-1]
 	e.target(fmt.Sprintf("full chain ADD at %d foreign rules, nftables (section 3)", last), "≤ its 0-rule median + 2 ms",
-		withUnit(delta(addOf("podwire nftables", last), addOf("podwire nftables", 0)), " ms"),
-		withUnit(delta(addOf("reference", last), addOf("reference", 0)), " ms (iptables)"),
+		withUnit(deltaPM(addOf("podwire nftables", last), addOf("podwire nftables", 0)), " ms"),
+		withUnit(deltaPM(addOf("reference", last), addOf("reference", 0)), " ms (iptables)"),
 		under(addOf("podwire nftables", last), addOf("podwire nftables", 0), 2))
 	var fr []string
 	var ok *bool

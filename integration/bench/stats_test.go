@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"strings"
 	"time"
@@ -39,6 +40,30 @@ func delta(s, base sample) string {
 		return "n/a"
 	}
 	return fmt.Sprintf("%+.1f", float64(s.median()-base.median())/1e6)
+}
+
+// seMedian estimates the standard error of s's median in ns from its interquartile
+// range (normal approximation: σ ≈ IQR/1.349, SE ≈ 1.2533·σ/√n).
+func (s sample) seMedian() float64 {
+	if len(s) < 4 {
+		return math.NaN()
+	}
+	iqr := float64(s.quantile(0.75) - s.quantile(0.25))
+	return 1.2533 * iqr / 1.349 / math.Sqrt(float64(len(s)))
+}
+
+// deltaPM is delta with the standard error of the difference of the two medians,
+// "+1.4 ± 3.0": how far apart two medians on a busy machine can be by chance.
+func deltaPM(s, base sample) string {
+	d := delta(s, base)
+	if d == "n/a" {
+		return d
+	}
+	se := math.Hypot(s.seMedian(), base.seMedian())
+	if math.IsNaN(se) {
+		return d
+	}
+	return fmt.Sprintf("%s ± %.1f", d, se/1e6)
 }
 
 // ratio renders num's median over den's as "N.N×".
