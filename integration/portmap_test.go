@@ -199,6 +199,7 @@ func pmWarmUp(t *testing.T, h *nstest.H, list *libcni.NetworkConfigList) {
 	p := h.NewPod()
 	rt := h.RT(p, "eth0", pmMap("tcp:1:1"))
 	h.MustAdd(list, rt)
+	waitLinkLocal(t, h, h.Name("br")) // bridge_test.go: the link-local address comes late
 	h.MustDel(list, rt)
 	h.DeletePod(p)
 	pmSettle(t, h)
