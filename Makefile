@@ -24,8 +24,11 @@ build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN_DIR)/ $(addprefix ./,$(wildcard plugins/main/* plugins/ipam/* plugins/meta/*))
 
 ## test: gofmt, vet, unit tests and the root-only integration tests (they skip without root)
+## (unit packages first, in parallel; then the integration tests alone, so traffic-shaping
+## measurements do not share the 2 cores with other test binaries)
 test: vet
-	$(GO) test $(TEST_FLAGS) ./...
+	$(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v /integration)
+	$(GO) test -count=1 -p 1 -timeout 40m ./integration/...
 	FUZZTIME=$(FUZZTIME) bash .ci/fuzz
 
 ## fuzz: every fuzz target for FUZZTIME (make fuzz FUZZTIME=1m)
