@@ -181,11 +181,14 @@ func (pm *portmap) del(ctx context.Context, in *cniplumb.Input) error {
 			return err
 		}
 		pm.flush(m)
-		if err := pm.state.remove(owner); err != nil {
-			return err
-		}
+		// Release route_localnet before the marker goes: a DEL killed in between then
+		// leaves the marker, and the next DEL finishes the job; the other order would
+		// leave route_localnet held by an attachment nobody can find.
 		if m.Localnet != "" {
 			pm.releaseLocalnet(m.Localnet, netfilter.IDOf(owner))
+		}
+		if err := pm.state.remove(owner); err != nil {
+			return err
 		}
 		if m.Backend == netfilter.KindNFTables && len(m.UDP4)+len(m.UDP6) == 0 {
 			// With a UDP flush the conntrack socket has already waited for the
