@@ -66,7 +66,31 @@ func pmMixed(t *testing.T, h *nstest.H) (ours, mixed *libcni.CNIConfig) {
 // portmap and podwire's under live pods, on the iptables backend (the reference's
 // default): podwire's DEL removes what the reference's ADD made, shared chains
 // included, and the reference's DEL removes what podwire's ADD made.
-func TestPortmapReferenceCompat(t *testing.T) {
+func TestPortmapReferenceCompat(t *testing.T) { pmReferenceCompat(t) }
+
+// TestPortmapLegacyIPTables runs the traffic and the reference compatibility tests
+// with iptables-legacy (PATH points iptables, iptables-restore and iptables-save, the
+// reference's and the snapshot's included, at the legacy binaries).
+func TestPortmapLegacyIPTables(t *testing.T) {
+	nstest.RequireRoot(t)
+	dir := t.TempDir()
+	for _, fam := range []string{"iptables", "ip6tables"} {
+		for _, suffix := range []string{"", "-restore", "-save"} {
+			legacy, err := exec.LookPath(fam + "-legacy" + suffix)
+			if err != nil {
+				t.Skipf("iptables-legacy is not installed: %v", err)
+			}
+			if err := os.Symlink(legacy, filepath.Join(dir, fam+suffix)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	t.Setenv("PATH", dir+":"+os.Getenv("PATH"))
+	t.Run("traffic", func(t *testing.T) { pmTraffic(t, netfilter.KindIPTables) })
+	t.Run("reference", pmReferenceCompat)
+}
+
+func pmReferenceCompat(t *testing.T) {
 	h := nstest.New(t)
 	client := pmNode(t, h)
 	ours, mixed := pmMixed(t, h)

@@ -251,84 +251,86 @@ func pmMarkers(t *testing.T, network string) []string {
 // mapping, IPv6; then CHECK, STATUS and a DEL that leaves no rule.
 func TestPortmapTraffic(t *testing.T) {
 	for _, kind := range pmBackends {
-		t.Run(string(kind), func(t *testing.T) {
-			h := nstest.New(t)
-			client := pmNode(t, h)
-			list := pmConf(h, pmBackend(kind))
-			pmWarmUp(t, h, list)
-			before := h.Snapshot()
-
-			pod := h.NewPod()
-			pmServe(t, pod, "pod", 80)
-			pmServe(t, pod, "pod9", 90)
-			rt := h.RT(pod, "eth0", pmMap("tcp:8080:80", "udp:8080:80", "tcp:9090:90:"+pmNode4))
-			res := h.MustAdd(list, rt)
-			pod4, pod6 := pmAddr(t, res, false), pmAddr(t, res, true)
-			rules := pmRules(t, h)
-			if !strings.Contains(rules, pod4) || !strings.Contains(rules, pod6) {
-				t.Errorf("rules do not forward to %s and %s:\n%s", pod4, pod6, rules)
-			}
-			if kind == netfilter.KindIPTables && !strings.Contains(rules, netfilter.HostPortChain(list.Name, rt.ContainerID)) {
-				t.Errorf("no per-container chain %s:\n%s", netfilter.HostPortChain(list.Name, rt.ContainerID), rules)
-			}
-			if got := len(pmMarkers(t, list.Name)); got != 1 {
-				t.Errorf("%d markers for the attachment, want 1", got)
-			}
-			if got := strings.TrimSpace(h.Run(h.HostNS, "cat", "/proc/sys/net/ipv4/conf/"+h.Name("br")+"/route_localnet")); got != "1" {
-				t.Errorf("route_localnet on the bridge = %s while a pod has host ports, want 1", got)
-			}
-
-			// External client: the pod sees the client's own address.
-			pmExpect(t, "external tcp", client, "tcp", pmNode4+":8080", "pod", pmClient4)
-			pmExpect(t, "external udp", client, "udp", pmNode4+":8080", "pod", pmClient4)
-			pmExpect(t, "external tcp ipv6", client, "tcp", "["+pmNode6+"]:8080", "pod", pmClient6)
-			pmExpect(t, "external udp ipv6", client, "udp", "["+pmNode6+"]:8080", "pod", pmClient6)
-			// The node itself, by its address and through 127.0.0.1 (masqueraded to
-			// the bridge address, since 127.0.0.1 cannot be answered from the pod).
-			pmExpect(t, "node tcp", h.HostNS, "tcp", pmNode4+":8080", "pod", "")
-			pmExpect(t, "node udp", h.HostNS, "udp", pmNode4+":8080", "pod", "")
-			pmExpect(t, "localhost tcp", h.HostNS, "tcp", "127.0.0.1:8080", "pod", pmGW4)
-			pmExpect(t, "localhost udp", h.HostNS, "udp", "127.0.0.1:8080", "pod", pmGW4)
-			pmExpect(t, "node tcp ipv6", h.HostNS, "tcp", "["+pmNode6+"]:8080", "pod", "")
-			// Hairpin: the pod reaches itself through the node; the masquerade makes
-			// the answer come back through the node.
-			pmExpect(t, "hairpin tcp", pod, "tcp", pmNode4+":8080", "pod", pmGW4)
-			pmExpect(t, "hairpin udp", pod, "udp", pmNode4+":8080", "pod", pmGW4)
-			pmExpect(t, "hairpin tcp ipv6", pod, "tcp", "["+pmNode6+"]:8080", "pod", "fd77::1")
-			// hostIP: only that address answers.
-			pmExpect(t, "hostIP tcp", client, "tcp", pmNode4+":9090", "pod9", pmClient4)
-			if got, err := pmDialOnce(client, "tcp", pmOther4+":9090", nil); err == nil {
-				t.Errorf("hostIP %s mapping answered on %s: %q", pmNode4, pmOther4, got)
-			}
-			if got, err := pmDialOnce(client, "tcp", "["+pmNode6+"]:9090", nil); err == nil {
-				t.Errorf("IPv4 hostIP mapping answered on IPv6: %q", got)
-			}
-			// A port nobody mapped is not forwarded.
-			if got, err := pmDialOnce(client, "tcp", pmNode4+":8081", nil); err == nil {
-				t.Errorf("unmapped port answered: %q", got)
-			}
-
-			if err := h.Check(list, rt); err != nil {
-				t.Errorf("CHECK: %v", err)
-			}
-			if err := h.Status(list); err != nil {
-				t.Errorf("STATUS: %v", err)
-			}
-			h.MustDel(list, rt)
-			if rules := pmRules(t, h); rules != "" {
-				t.Errorf("rules left after DEL:\n%s", rules)
-			}
-			if _, err := pmDialOnce(client, "tcp", pmNode4+":8080", nil); err == nil {
-				t.Error("host port still forwarded after DEL")
-			}
-			h.MustDel(list, rt) // DEL is idempotent
-			if got := len(pmMarkers(t, list.Name)); got != 0 {
-				t.Errorf("%d markers left after DEL", got)
-			}
-			pmSettle(t, h)
-			h.RequireUnchanged(before)
-		})
+		t.Run(string(kind), func(t *testing.T) { pmTraffic(t, kind) })
 	}
+}
+
+func pmTraffic(t *testing.T, kind netfilter.Kind) {
+	h := nstest.New(t)
+	client := pmNode(t, h)
+	list := pmConf(h, pmBackend(kind))
+	pmWarmUp(t, h, list)
+	before := h.Snapshot()
+
+	pod := h.NewPod()
+	pmServe(t, pod, "pod", 80)
+	pmServe(t, pod, "pod9", 90)
+	rt := h.RT(pod, "eth0", pmMap("tcp:8080:80", "udp:8080:80", "tcp:9090:90:"+pmNode4))
+	res := h.MustAdd(list, rt)
+	pod4, pod6 := pmAddr(t, res, false), pmAddr(t, res, true)
+	rules := pmRules(t, h)
+	if !strings.Contains(rules, pod4) || !strings.Contains(rules, pod6) {
+		t.Errorf("rules do not forward to %s and %s:\n%s", pod4, pod6, rules)
+	}
+	if kind == netfilter.KindIPTables && !strings.Contains(rules, netfilter.HostPortChain(list.Name, rt.ContainerID)) {
+		t.Errorf("no per-container chain %s:\n%s", netfilter.HostPortChain(list.Name, rt.ContainerID), rules)
+	}
+	if got := len(pmMarkers(t, list.Name)); got != 1 {
+		t.Errorf("%d markers for the attachment, want 1", got)
+	}
+	if got := strings.TrimSpace(h.Run(h.HostNS, "cat", "/proc/sys/net/ipv4/conf/"+h.Name("br")+"/route_localnet")); got != "1" {
+		t.Errorf("route_localnet on the bridge = %s while a pod has host ports, want 1", got)
+	}
+
+	// External client: the pod sees the client's own address.
+	pmExpect(t, "external tcp", client, "tcp", pmNode4+":8080", "pod", pmClient4)
+	pmExpect(t, "external udp", client, "udp", pmNode4+":8080", "pod", pmClient4)
+	pmExpect(t, "external tcp ipv6", client, "tcp", "["+pmNode6+"]:8080", "pod", pmClient6)
+	pmExpect(t, "external udp ipv6", client, "udp", "["+pmNode6+"]:8080", "pod", pmClient6)
+	// The node itself, by its address and through 127.0.0.1 (masqueraded to
+	// the bridge address, since 127.0.0.1 cannot be answered from the pod).
+	pmExpect(t, "node tcp", h.HostNS, "tcp", pmNode4+":8080", "pod", "")
+	pmExpect(t, "node udp", h.HostNS, "udp", pmNode4+":8080", "pod", "")
+	pmExpect(t, "localhost tcp", h.HostNS, "tcp", "127.0.0.1:8080", "pod", pmGW4)
+	pmExpect(t, "localhost udp", h.HostNS, "udp", "127.0.0.1:8080", "pod", pmGW4)
+	pmExpect(t, "node tcp ipv6", h.HostNS, "tcp", "["+pmNode6+"]:8080", "pod", "")
+	// Hairpin: the pod reaches itself through the node; the masquerade makes
+	// the answer come back through the node.
+	pmExpect(t, "hairpin tcp", pod, "tcp", pmNode4+":8080", "pod", pmGW4)
+	pmExpect(t, "hairpin udp", pod, "udp", pmNode4+":8080", "pod", pmGW4)
+	pmExpect(t, "hairpin tcp ipv6", pod, "tcp", "["+pmNode6+"]:8080", "pod", "fd77::1")
+	// hostIP: only that address answers.
+	pmExpect(t, "hostIP tcp", client, "tcp", pmNode4+":9090", "pod9", pmClient4)
+	if got, err := pmDialOnce(client, "tcp", pmOther4+":9090", nil); err == nil {
+		t.Errorf("hostIP %s mapping answered on %s: %q", pmNode4, pmOther4, got)
+	}
+	if got, err := pmDialOnce(client, "tcp", "["+pmNode6+"]:9090", nil); err == nil {
+		t.Errorf("IPv4 hostIP mapping answered on IPv6: %q", got)
+	}
+	// A port nobody mapped is not forwarded.
+	if got, err := pmDialOnce(client, "tcp", pmNode4+":8081", nil); err == nil {
+		t.Errorf("unmapped port answered: %q", got)
+	}
+
+	if err := h.Check(list, rt); err != nil {
+		t.Errorf("CHECK: %v", err)
+	}
+	if err := h.Status(list); err != nil {
+		t.Errorf("STATUS: %v", err)
+	}
+	h.MustDel(list, rt)
+	if rules := pmRules(t, h); rules != "" {
+		t.Errorf("rules left after DEL:\n%s", rules)
+	}
+	if _, err := pmDialOnce(client, "tcp", pmNode4+":8080", nil); err == nil {
+		t.Error("host port still forwarded after DEL")
+	}
+	h.MustDel(list, rt) // DEL is idempotent
+	if got := len(pmMarkers(t, list.Name)); got != 0 {
+		t.Errorf("%d markers left after DEL", got)
+	}
+	pmSettle(t, h)
+	h.RequireUnchanged(before)
 }
 
 // TestPortmapExternalSetMarkChain shares kube-proxy's masquerade mark: hairpin and
