@@ -330,12 +330,13 @@ func (pm *portmap) gc(ctx context.Context, in *cniplumb.Input) error {
 			continue
 		}
 		pm.flush(m.marker)
-		if err := os.Remove(m.file); err != nil && !os.IsNotExist(err) {
-			errs = append(errs, cniplumb.IOError("removing portmap state "+m.file, err))
-			continue
-		}
+		// route_localnet first, as in DEL: a GC killed in between leaves the marker
+		// for the next GC.
 		if m.Localnet != "" {
 			pm.releaseLocalnet(m.Localnet, m.id)
+		}
+		if err := os.Remove(m.file); err != nil && !os.IsNotExist(err) {
+			errs = append(errs, cniplumb.IOError("removing portmap state "+m.file, err))
 		}
 	}
 	return errors.Join(errs...)
