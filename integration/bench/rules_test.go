@@ -72,6 +72,7 @@ func benchForeignRules(e *env, t *testing.T) {
 		"iptables-restore (ClusterIP services with two endpoints: KUBE-SERVICES → KUBE-SVC-* → KUBE-SEP-* with comments, " +
 		"`statistic` and DNAT rules; eight rules and three chains per service). Both of podwire's netfilter users are set to " +
 		"the backend named by the column (bridge `ipMasqBackend` and portmap `backend`), the reference's to iptables. " +
+		"The bridge-only and portmap-alone rows (portmap after `bench-noop`, as in section 2) tell which plugin a change comes from. " +
 		"Each (column, rule count) has its own host netns, all loaded before timing; one interleave runs them all, " +
 		"after one untimed ADD/DEL each. " +
 		"Milliseconds, median / p95; Δ columns compare medians with the same column at 0 rules, ± the standard error of " +
@@ -100,12 +101,16 @@ func benchForeignRules(e *env, t *testing.T) {
 	confs := []struct {
 		name, text string
 		types      []string
+		veth       bool // run on the runner's veth pod (see vethPod)
 	}{
-		{"full chain", chainConf("@MASQ@", "@PMB@"), chainTypes},
+		{"full chain", chainConf("@MASQ@", "@PMB@"), chainTypes, false},
 		{"bridge(ipMasq)+host-local", `{"cniVersion":"1.1.0","name":"@NAME@","plugins":[
 			{"type":"bridge","bridge":"cnibench2","isGateway":true,"ipMasq":true@MASQ@,
 			 "ipam":{"type":"host-local","ranges":[[{"subnet":"10.93.0.0/16"}]],"dataDir":"@DATADIR@"}}]}`,
-			[]string{"bridge", "host-local"}},
+			[]string{"bridge", "host-local"}, false},
+		{"portmap alone (after bench-noop)", `{"cniVersion":"1.1.0","name":"@NAME@","plugins":[
+			{"type":"bench-noop","result":` + vethPodResult + `},
+			{"type":"portmap","capabilities":{"portMappings":true}@PMB@}]}`, []string{"portmap"}, true},
 	}
 	// Every (rule count, variant) gets its own host netns, all made and loaded before
 	// timing, and one interleave runs them all, so drift cancels across rule counts too
@@ -140,8 +145,18 @@ func benchForeignRules(e *env, t *testing.T) {
 		for _, n := range counts {
 			results[c.name][n] = map[string]*pair{}
 		}
-		for r, p := range e.timed(tbl, runners, iters, c.text, "eth0", chainCaps, c.types...) {
-			k := keys[r]
+		rs, ks := runners, keys
+		if c.veth {
+			rs, ks = nil, map[*runner]key{}
+			for _, r := range runners {
+				v := vethPod(t, r, false)
+				v.label, v.subst = r.label, r.subst
+				rs = append(rs, v)
+				ks[v] = keys[r]
+			}
+		}
+		for r, p := range e.timed(tbl, rs, iters, c.text, "eth0", chainCaps, c.types...) {
+			k := ks[r]
 			results[c.name][k.n][k.label] = p
 		}
 	}
