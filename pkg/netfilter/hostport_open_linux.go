@@ -7,12 +7,13 @@ import (
 )
 
 // OpenHostPorts returns the host-port backend for want and the kind it chose. Auto
-// prefers nftables, as Pick does; a backend asked for by name but missing is a code-50
-// error. Auto asks the kernel on the socket the nftables backend then keeps using (one
-// netlink round trip, no extra socket: closing an nfnetlink socket can wait for the
-// kernel to free rules another process deleted), and looks iptables up in PATH only
-// when nftables is unusable. iptables costs one PATH lookup; nftables nothing (its first
-// netlink call reports a kernel without nf_tables).
+// picks what the reference portmap picks when its "backend" is unset — iptables when
+// iptables and iptables-restore are installed, nftables otherwise — because the
+// reference's DEL only looks in its own default backend: a node that switches back to
+// the reference under live pods must find their rules there. Configure "nftables" for
+// the faster, exec-free backend. A backend asked for by name but missing is a code-50
+// error. nftables is probed on the socket its backend then keeps using (closing an
+// nfnetlink socket can wait for the kernel to free rules another process deleted).
 func OpenHostPorts(want Kind) (HostPortBackend, Kind, error) {
 	var p Probe
 	switch want {
@@ -22,13 +23,15 @@ func OpenHostPorts(want Kind) (HostPortBackend, Kind, error) {
 		_, err := exec.LookPath("iptables-restore")
 		p.IPTables = err == nil
 	default:
+		_, e1 := exec.LookPath("iptables")
+		_, e2 := exec.LookPath("iptables-restore")
+		if e1 == nil && e2 == nil {
+			return NewHostPortIPTables(), KindIPTables, nil
+		}
 		nft := NewNFTables()
 		if nftUsable(nft) {
 			return &HostPortNFTables{nft: nft}, KindNFTables, nil
 		}
-		_, e1 := exec.LookPath("iptables")
-		_, e2 := exec.LookPath("iptables-restore")
-		p.IPTables = e1 == nil && e2 == nil
 	}
 	k, err := Pick(want, p)
 	if err != nil {
