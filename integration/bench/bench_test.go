@@ -114,14 +114,22 @@ func TestBench(t *testing.T) {
 		e.iters, time.Since(start).Round(time.Second), load.stop(), ReferenceVersion, build)
 	md := e.rep.markdown(header)
 	fmt.Println(md)
+	// A quick run must not overwrite the committed full results: it goes to the
+	// (git-ignored) cache unless PODWIRE_BENCH_OUT says otherwise.
 	out := os.Getenv("PODWIRE_BENCH_OUT")
 	if out == "" {
 		root, err := nstest.RepoRoot()
 		must(t, err, "finding the repo root")
 		out = filepath.Join(root, "BENCHMARKS.md")
+		if e.quick {
+			out = filepath.Join(cacheDir(t), "BENCHMARKS-quick.md")
+			must(t, os.MkdirAll(filepath.Dir(out), 0o755), "creating the cache dir")
+		}
 	}
 	if err := os.WriteFile(out, []byte(md), 0o644); err != nil {
 		t.Errorf("writing %s: %v", out, err)
+	} else {
+		t.Logf("wrote %s", out)
 	}
 }
 
