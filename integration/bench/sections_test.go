@@ -52,7 +52,8 @@ func chainCaps(i int) map[string]any {
 }
 
 const defaultBackends = "Both suites run with their default netfilter backend, as a drop-in conflist gets it: " +
-	"the reference picks iptables when the iptables binary exists (it does here), podwire picks nftables when the kernel has it. " +
+	"the reference picks iptables when the iptables binary exists (it does here); podwire's portmap does the same (so the reference's DEL finds its rules after a switch back), " +
+	"podwire's bridge picks nftables for ipMasq when the kernel has it and `nft` ≥ 1.0.1 is installed (the reference then removes those rules too), iptables otherwise. " +
 	"Section 3 compares the backends one to one."
 
 func benchChain(e *env, t *testing.T) {
