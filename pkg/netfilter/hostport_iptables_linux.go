@@ -227,7 +227,7 @@ func (b *HostPortIPTables) Check(ctx context.Context, p HostPortPlan) error {
 			entries = append(entries, [2]string{"POSTROUTING", hpEntryMasq})
 		}
 		for _, e := range entries {
-			args := append([]string{"-t", "nat", "-C", e[0]}, splitArgs(e[1])...)
+			args := append([]string{"-t", "nat", "-C", e[0]}, xtTokens(e[1])...)
 			if _, err := b.ipt.run(ctx, "", bin, args...); err != nil {
 				return fmt.Errorf("%s nat %s does not jump as portmap needs (%s): %w; run DEL and ADD again", fam, e[0], e[1], err)
 			}

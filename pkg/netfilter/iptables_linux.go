@@ -213,7 +213,7 @@ func (b *IPTables) Check(ctx context.Context, p Plan) error {
 			}
 			chain, _ := ChainName(p.Feature, h)
 			bin, _ := binaries(fam)
-			if _, err := b.run(ctx, "", bin, append([]string{"-t", h.Type, "-C"}, splitArgs(entryRule(p.Feature, h, chain))...)...); err != nil {
+			if _, err := b.run(ctx, "", bin, append([]string{"-t", h.Type, "-C"}, xtTokens(entryRule(p.Feature, h, chain))...)...); err != nil {
 				return fmt.Errorf("%s %s does not jump to %s: %w; run DEL and ADD again", fam, builtinChain(h), chain, err)
 			}
 		}
@@ -245,31 +245,4 @@ func (b *IPTables) Tags(ctx context.Context, f Feature) ([]Tag, error) {
 		}
 	}
 	return out, nil
-}
-
-// splitArgs splits a rule line on spaces, keeping double-quoted strings whole (without
-// the quotes), as a shell would for the simple lines we render.
-func splitArgs(s string) []string {
-	var out []string
-	var cur strings.Builder
-	inQ, have := false, false
-	for _, r := range s {
-		switch {
-		case r == '"':
-			inQ, have = !inQ, true
-		case r == ' ' && !inQ:
-			if have {
-				out = append(out, cur.String())
-				cur.Reset()
-				have = false
-			}
-		default:
-			cur.WriteRune(r)
-			have = true
-		}
-	}
-	if have {
-		out = append(out, cur.String())
-	}
-	return out
 }

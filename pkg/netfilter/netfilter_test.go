@@ -251,7 +251,7 @@ func TestParseListingForeignRules(t *testing.T) {
 }
 
 func TestSplitArgs(t *testing.T) {
-	got := splitArgs(`POSTROUTING -m comment --comment "podwire masq" -j X`)
+	got := xtTokens(`POSTROUTING -m comment --comment "podwire masq" -j X`)
 	want := []string{"POSTROUTING", "-m", "comment", "--comment", "podwire masq", "-j", "X"}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Error(d)
