@@ -295,14 +295,23 @@ func (d *demo) delPods(ctx context.Context) error {
 		say("%s deleted in %s", p.name, time.Since(t0).Round(time.Millisecond))
 	}
 	d.added = nil
+	// The bridge's carrier follows its last port asynchronously (linkwatch).
+	if err := d.settleBridge(); err != nil {
+		return err
+	}
 	after, err := nodestate.Take(d.node.Path(), d.dataDir)
 	if err != nil {
 		return fmt.Errorf("snapshot after: %w", err)
 	}
-	diff := nodestate.Diff(d.before, after)
-	var kept, leaked []string
+	if diff := nodestate.Diff(d.before, after); diff != "" {
+		return fmt.Errorf("the node differs from before the pods (- before, + after):\n%s", diff)
+	}
+	say("node state after DEL equals the snapshot before the pods: all %d sections identical", len(after))
+	say("no veth, no iptables/nft rule, no qdisc, no filter, no IFB, no lease of either pod is left")
+	// What the network itself keeps, compared with the node before it existed.
+	var kept, other []string
 	section := ""
-	for _, l := range strings.Split(strings.TrimSpace(diff), "\n") {
+	for _, l := range strings.Split(strings.TrimSpace(nodestate.Diff(d.pristine, after)), "\n") {
 		switch {
 		case l == "":
 		case strings.HasPrefix(l, "== "):
@@ -310,19 +319,18 @@ func (d *demo) delPods(ctx context.Context) error {
 		case keptByDesign(section, l):
 			kept = append(kept, section+": "+l)
 		default:
-			leaked = append(leaked, section+": "+l)
+			other = append(other, section+": "+l)
 		}
 	}
-	say("per-pod state left: none of %d sections differ beyond the network's own setup", len(after))
-	if len(leaked) > 0 {
-		return fmt.Errorf("the node differs from before:\n        %s", strings.Join(leaked, "\n        "))
+	if len(other) > 0 {
+		return fmt.Errorf("the network left more than its bridge and sysctls on the node:\n        %s", strings.Join(other, "\n        "))
 	}
-	say("no veth, no iptables/nft rule, no qdisc, no filter, no IFB, no lease of either pod is left")
-	if len(kept) > 0 {
-		say("kept by design for the next pod (as with the reference plugins): the bridge and forwarding sysctls:")
-		for _, k := range kept {
-			say("  %s", k)
+	say("compared with the node before its network existed, only the network's own setup remains (kept for the next pod, as with the reference plugins):")
+	for _, k := range kept {
+		if len(k) > 110 {
+			k = k[:110] + "…"
 		}
+		say("  %s", k)
 	}
 	return nil
 }

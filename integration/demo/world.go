@@ -36,19 +36,20 @@ type pod struct {
 }
 
 type demo struct {
-	start   time.Time
-	root    string
-	tmp     string
-	binDir  string
-	dataDir string
-	node    ns.NetNS
-	client  ns.NetNS
-	a, b    *pod
-	net     *libcni.NetworkConfigList
-	lo      *libcni.NetworkConfigList
-	cni     *libcni.CNIConfig
-	before  nodestate.Snapshot
-	added   []*pod
+	start    time.Time
+	root     string
+	tmp      string
+	binDir   string
+	dataDir  string
+	node     ns.NetNS
+	client   ns.NetNS
+	a, b     *pod
+	net      *libcni.NetworkConfigList
+	lo       *libcni.NetworkConfigList
+	cni      *libcni.CNIConfig
+	pristine nodestate.Snapshot // the node before its network existed
+	before   nodestate.Snapshot // the node with its network set up, before the pods
+	added    []*pod
 }
 
 var tools = map[string]string{"ip": "iproute2", "tc": "iproute2", "iptables-save": "iptables", "nft": "nftables", "nsenter": "util-linux"}
@@ -186,11 +187,51 @@ func (d *demo) world(context.Context) error {
 	say("client  %s  (uplink %s/24, outside the node)", d.client.Path(), clientUplinkIP)
 	say("pod-a   %s", d.a.ns.Path())
 	say("pod-b   %s", d.b.ns.Path())
+	if d.pristine, err = nodestate.Take(d.node.Path(), d.dataDir); err != nil {
+		return fmt.Errorf("snapshot of the pristine node: %w", err)
+	}
+	// A node's first pod creates the bridge, sets the forwarding sysctls and gives the
+	// bridge its gateway address; all of that stays for the next pod, as with the
+	// reference plugins. One warm-up pod does it here, so the snapshot the pods are
+	// compared with is the node as it is between pods.
+	warm, err := testutils.NewNS()
+	if err != nil {
+		return fmt.Errorf("creating the warm-up pod netns: %w", err)
+	}
+	defer func() { _ = warm.Close(); _ = testutils.UnmountNS(warm) }()
+	wrt := &libcni.RuntimeConf{ContainerID: "demo-warm-up", NetNS: warm.Path(), IfName: "eth0"}
+	err = d.inNode(func() error {
+		if _, err := d.cni.AddNetworkList(context.Background(), d.net, wrt); err != nil {
+			return err
+		}
+		return d.cni.DelNetworkList(context.Background(), d.net, wrt)
+	})
+	if err != nil {
+		return fmt.Errorf("warm-up pod: %w", err)
+	}
+	if err := d.settleBridge(); err != nil {
+		return err
+	}
 	if d.before, err = nodestate.Take(d.node.Path(), d.dataDir); err != nil {
 		return fmt.Errorf("snapshot before: %w", err)
 	}
+	say("node network set up by a warm-up pod (ADD then DEL): bridge cni0, forwarding sysctls")
 	say("snapshot of the node taken (links, addresses, routes, sysctls, iptables, nft, qdiscs, filters, leases)")
 	return nil
+}
+
+// settleBridge waits until cni0 without ports shows no carrier and its IPv6 link-local
+// address has finished DAD, so the snapshot does not race the kernel.
+func (d *demo) settleBridge() error {
+	for i := 0; i < 100; i++ {
+		l, _ := exec.Command("nsenter", "--net="+d.node.Path(), "ip", "-o", "link", "show", "cni0").CombinedOutput()
+		a, _ := exec.Command("nsenter", "--net="+d.node.Path(), "ip", "-o", "addr", "show", "dev", "cni0").CombinedOutput()
+		if strings.Contains(string(l), "NO-CARRIER") && strings.Contains(string(a), "fe80::") && !strings.Contains(string(a), "tentative") {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("bridge cni0 did not settle within 5 s after the warm-up pod")
 }
 
 // teardown removes everything the demo made, whatever state it is in.
