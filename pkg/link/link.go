@@ -47,31 +47,18 @@ type BridgeSpec struct {
 // verified to be a bridge. A bridge we create gets a fixed random MAC (so it does not
 // change as ports come and go), accept_ra off (we own its routes) and is brought up; an
 // existing one is brought up and put in promiscuous mode if the configuration asks.
+//
+// The bridge usually exists (every pod after the node's first), so it is looked up
+// first: one request instead of a refused create plus the lookup.
 func EnsureBridge(s BridgeSpec) (*netlink.Bridge, error) {
-	mac, err := RandomMAC()
-	if err != nil {
-		return nil, err
-	}
-	attrs := netlink.NewLinkAttrs()
-	attrs.Name = s.Name
-	attrs.MTU = s.MTU
-	attrs.HardwareAddr = mac
-	br := &netlink.Bridge{LinkAttrs: attrs}
-	if s.VlanFiltering {
-		on := true
-		br.VlanFiltering = &on
-	}
-	created := true
-	if err := netlink.LinkAdd(br); err != nil {
-		if errors.Is(err, unix.EOPNOTSUPP) && s.VlanFiltering {
-			return nil, fmt.Errorf("creating bridge %q with VLAN filtering: %w; the kernel lacks CONFIG_BRIDGE_VLAN_FILTERING, so drop \"vlan\"/\"vlanTrunk\" or use a kernel with it", s.Name, err)
-		}
-		if !errors.Is(err, unix.EEXIST) {
-			return nil, fmt.Errorf("creating bridge %q: %w", s.Name, err)
-		}
-		created = false
-	}
+	created := false
 	l, err := netlink.LinkByName(s.Name)
+	if IsNotFound(err) {
+		if created, err = createBridge(s); err != nil {
+			return nil, err
+		}
+		l, err = netlink.LinkByName(s.Name)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("looking up bridge %q: %w", s.Name, err)
 	}
@@ -94,6 +81,34 @@ func EnsureBridge(s BridgeSpec) (*netlink.Bridge, error) {
 		}
 	}
 	return got, nil
+}
+
+// createBridge creates the bridge of s; it reports false when another process created
+// a device of that name first (EEXIST), which the caller then verifies.
+func createBridge(s BridgeSpec) (bool, error) {
+	mac, err := RandomMAC()
+	if err != nil {
+		return false, err
+	}
+	attrs := netlink.NewLinkAttrs()
+	attrs.Name = s.Name
+	attrs.MTU = s.MTU
+	attrs.HardwareAddr = mac
+	br := &netlink.Bridge{LinkAttrs: attrs}
+	if s.VlanFiltering {
+		on := true
+		br.VlanFiltering = &on
+	}
+	if err := netlink.LinkAdd(br); err != nil {
+		if errors.Is(err, unix.EOPNOTSUPP) && s.VlanFiltering {
+			return false, fmt.Errorf("creating bridge %q with VLAN filtering: %w; the kernel lacks CONFIG_BRIDGE_VLAN_FILTERING, so drop \"vlan\"/\"vlanTrunk\" or use a kernel with it", s.Name, err)
+		}
+		if !errors.Is(err, unix.EEXIST) {
+			return false, fmt.Errorf("creating bridge %q: %w", s.Name, err)
+		}
+		return false, nil
+	}
+	return true, nil
 }
 
 // sysctlPath turns "net/ipv4/ip_forward" into its /proc/sys path. Keys use slashes

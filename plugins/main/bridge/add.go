@@ -72,18 +72,52 @@ func add(ctx context.Context, in *cniplumb.Input) (_ types.Result, err error) {
 		return nil, err
 	}
 
-	var ipamRes *current.Result
+	// The IPAM plugin is a process of its own: it runs while this one makes the veth,
+	// which does not depend on the addresses. Errors are reported in the order the
+	// steps had when they ran one after the other (IPAM first), and the undo stack gets
+	// the same order too (veth removed before the lease is released).
+	type ipamOut struct {
+		r   types.Result
+		err error
+	}
+	var ipamDone chan ipamOut
 	if c.Layer3 {
-		r, err := invoke.DelegateAdd(ctx, c.IPAMType, in.Stdin, nil)
-		if err != nil {
-			return nil, fmt.Errorf("IPAM plugin %q: %w", c.IPAMType, err)
+		ipamDone = make(chan ipamOut, 1)
+		go func() {
+			r, err := invoke.DelegateAdd(ctx, c.IPAMType, in.Stdin, nil)
+			ipamDone <- ipamOut{r, err}
+		}()
+	}
+
+	veth, vethErr := link.CreateVeth(link.VethSpec{PodIfName: in.IfName, PodNSFd: int(podNS.Fd()), PodMAC: c.MAC,
+		MTU: c.raw.MTU, BridgeIdx: br.Index}, func(name string) bool { return podHasLink(podNS, name) })
+	var portErr error
+	if vethErr == nil {
+		portErr = link.ConfigurePort(veth.Host, link.PortSpec{Hairpin: c.raw.HairpinMode, Isolated: c.raw.PortIsolation,
+			Vlan: c.raw.Vlan, Trunk: c.Trunk, PreserveDefaultVlan: c.raw.PreserveDefaultVlan, DefaultPVID: pvidOf(br)})
+	}
+
+	var ipamRes *current.Result
+	var ipamErr error
+	if c.Layer3 {
+		o := <-ipamDone
+		if o.err != nil {
+			ipamErr = fmt.Errorf("IPAM plugin %q: %w", c.IPAMType, o.err)
+		} else {
+			undo.push("releasing the IPAM lease", func() error {
+				return invoke.DelegateDel(context.WithoutCancel(ctx), c.IPAMType, in.Stdin, nil)
+			})
+			if ipamRes, ipamErr = current.NewResultFromResult(o.r); ipamErr != nil {
+				ipamErr = fmt.Errorf("converting the result of IPAM plugin %q: %w", c.IPAMType, ipamErr)
+			}
 		}
-		undo.push("releasing the IPAM lease", func() error {
-			return invoke.DelegateDel(context.WithoutCancel(ctx), c.IPAMType, in.Stdin, nil)
-		})
-		if ipamRes, err = current.NewResultFromResult(r); err != nil {
-			return nil, fmt.Errorf("converting the result of IPAM plugin %q: %w", c.IPAMType, err)
-		}
+	}
+	if vethErr == nil {
+		hostName := veth.Host.Name
+		undo.push("deleting veth "+hostName, func() error { return link.DeleteByName(hostName) })
+	}
+	if ipamErr != nil {
+		return nil, ipamErr
 	}
 	var ap *addrPlan
 	if c.Layer3 {
@@ -91,22 +125,17 @@ func add(ctx context.Context, in *cniplumb.Input) (_ types.Result, err error) {
 			return nil, err
 		}
 	}
-
-	veth, err := link.CreateVeth(link.VethSpec{PodIfName: in.IfName, PodNSFd: int(podNS.Fd()), PodMAC: c.MAC,
-		MTU: c.raw.MTU, BridgeIdx: br.Index}, func(name string) bool { return podHasLink(podNS, name) })
-	if err != nil {
-		if errors.Is(err, link.ErrPodIfExists) {
-			return nil, fmt.Errorf("%w: %q in %s; the runtime must not ADD the same interface twice", err, in.IfName, in.Netns)
+	if vethErr != nil {
+		if errors.Is(vethErr, link.ErrPodIfExists) {
+			return nil, fmt.Errorf("%w: %q in %s; the runtime must not ADD the same interface twice", vethErr, in.IfName, in.Netns)
 		}
-		return nil, err
+		return nil, vethErr
+	}
+	if portErr != nil {
+		return nil, portErr
 	}
 	hostName := veth.Host.Name
-	undo.push("deleting veth "+hostName, func() error { return link.DeleteByName(hostName) })
 
-	if err := link.ConfigurePort(veth.Host, link.PortSpec{Hairpin: c.raw.HairpinMode, Isolated: c.raw.PortIsolation,
-		Vlan: c.raw.Vlan, Trunk: c.Trunk, PreserveDefaultVlan: c.raw.PreserveDefaultVlan, DefaultPVID: pvidOf(br)}); err != nil {
-		return nil, err
-	}
 	if c.raw.MacSpoofChk {
 		nft := netfilter.NewNFTables()
 		if err := nft.Apply(ctx, netfilter.PlanMacSpoof(owner, hostName, veth.PodMAC)); err != nil {
@@ -117,40 +146,61 @@ func add(ctx context.Context, in *cniplumb.Input) (_ types.Result, err error) {
 		})
 	}
 
-	if err := podNS.Do(func(ns.NetNS) error { return configurePod(c, in.IfName, ap) }); err != nil {
-		return nil, fmt.Errorf("configuring %s in %s: %w", in.IfName, in.Netns, err)
+	// The masquerade depends only on the addresses: it is installed while the pod
+	// interface and the gateway are configured. Its undo step is pushed once both are
+	// done, so a failure on either side leaves nothing behind, and errors keep the
+	// sequential order (pod, gateway, then masquerade).
+	var masqDone chan error
+	if ap != nil && ap.Masq != nil {
+		masqDone = make(chan error, 1)
+		go func() { masqDone <- fw.Apply(ctx, *ap.Masq) }()
 	}
-
-	ifs := []*current.Interface{
-		{Name: br.Name, Mac: br.HardwareAddr.String()},
-		{Name: hostName, Mac: veth.HostMAC.String()},
-		{Name: in.IfName, Mac: veth.PodMAC.String(), Sandbox: in.Netns},
-	}
-	if ap != nil {
-		gwIf, err := ensureGateways(c, br, ap)
-		if err != nil {
-			return nil, err
-		}
-		if gwIf != nil {
-			ifs = append(ifs, gwIf)
-		}
-		ensureNodeSysctls(c, ap.Families)
-		if ap.Masq != nil {
-			if err := fw.Apply(ctx, *ap.Masq); err != nil {
-				return nil, fmt.Errorf("installing ipMasq rules for %s: %w", owner, err)
+	ifs, err := configureNode(c, in, podNS, br, hostName, veth, ap)
+	if masqDone != nil {
+		if merr := <-masqDone; merr != nil {
+			if err == nil {
+				err = fmt.Errorf("installing ipMasq rules for %s: %w", owner, merr)
 			}
+		} else {
 			undo.push("removing ipMasq rules", func() error {
 				return fw.Remove(context.WithoutCancel(ctx), owner, ap.Masq.Addrs)
 			})
 		}
-	} else {
-		ensureNodeSysctls(c, 0)
+	}
+	if err != nil {
+		return nil, err
 	}
 	var dns types.DNS
 	if ipamRes != nil {
 		dns = ipamRes.DNS
 	}
 	return buildResult(c, ifs, ap, dns), nil
+}
+
+// configureNode configures the pod interface, then the gateway and the node's sysctls,
+// and returns the result's interfaces.
+func configureNode(c *conf, in *cniplumb.Input, podNS ns.NetNS, br *netlink.Bridge, hostName string, veth *link.Veth, ap *addrPlan) ([]*current.Interface, error) {
+	if err := podNS.Do(func(ns.NetNS) error { return configurePod(c, in.IfName, ap) }); err != nil {
+		return nil, fmt.Errorf("configuring %s in %s: %w", in.IfName, in.Netns, err)
+	}
+	ifs := []*current.Interface{
+		{Name: br.Name, Mac: br.HardwareAddr.String()},
+		{Name: hostName, Mac: veth.HostMAC.String()},
+		{Name: in.IfName, Mac: veth.PodMAC.String(), Sandbox: in.Netns},
+	}
+	if ap == nil {
+		ensureNodeSysctls(c, 0)
+		return ifs, nil
+	}
+	gwIf, err := ensureGateways(c, br, ap)
+	if err != nil {
+		return nil, err
+	}
+	if gwIf != nil {
+		ifs = append(ifs, gwIf)
+	}
+	ensureNodeSysctls(c, ap.Families)
+	return ifs, nil
 }
 
 func pvidOf(br *netlink.Bridge) uint16 {
