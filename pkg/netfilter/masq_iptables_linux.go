@@ -67,23 +67,26 @@ func (b *MasqIPTables) Apply(ctx context.Context, p MasqPlan) error {
 		if !p.Families().Has(fam) {
 			continue
 		}
-		rules, exists, err := b.list(ctx, fam, chain)
+		rules, exists, post, err := b.listOwner(ctx, fam, chain)
 		if err != nil {
 			return err
-		}
-		var post []xtRule
-		if exists {
-			// Only an existing chain can have jumps already (a repeated ADD, or another
-			// interface of the same container in this network).
-			if post, _, err = b.list(ctx, fam, masqPostrouting); err != nil {
-				return err
-			}
 		}
 		if err := b.restore(ctx, fam, planMasqXTAdd(p, fam, rules, exists, post)); err != nil {
 			return fmt.Errorf("installing %s masquerade chain %s: %w", fam, chain, err)
 		}
 	}
 	return nil
+}
+
+// listOwner lists an attachment's chain in one family and, only when the chain exists,
+// POSTROUTING: only an existing chain can have jumps already (a repeated ADD, or
+// another interface of the same container in this network).
+func (b *MasqIPTables) listOwner(ctx context.Context, fam Family, chain string) (rules []xtRule, exists bool, post []xtRule, err error) {
+	if rules, exists, err = b.list(ctx, fam, chain); err != nil || !exists {
+		return rules, exists, nil, err
+	}
+	post, _, err = b.list(ctx, fam, masqPostrouting)
+	return rules, exists, post, err
 }
 
 // Check implements MasqBackend.
@@ -93,15 +96,9 @@ func (b *MasqIPTables) Check(ctx context.Context, p MasqPlan) error {
 		if !p.Families().Has(fam) {
 			continue
 		}
-		rules, exists, err := b.list(ctx, fam, chain)
+		rules, exists, post, err := b.listOwner(ctx, fam, chain)
 		if err != nil {
 			return err
-		}
-		var post []xtRule
-		if exists {
-			if post, _, err = b.list(ctx, fam, masqPostrouting); err != nil {
-				return err
-			}
 		}
 		if err := checkMasqXT(p, fam, rules, exists, post); err != nil {
 			return err

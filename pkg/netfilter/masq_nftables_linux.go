@@ -42,14 +42,9 @@ func rulesOf(c *nftables.Conn, t *nftables.Table, ch *nftables.Chain) ([]*nftabl
 	return rs, nil
 }
 
-// Apply implements MasqBackend.
-func (b *MasqNFTables) Apply(_ context.Context, p MasqPlan) error {
-	if err := p.Validate(); err != nil {
-		return err
-	}
-	t := masqNFTTable()
-	checks, post := masqNFTChains(t)
-	add := masqNFTRules(t, checks, p)
+// locked runs f on the backend's connection while holding the masquerade lock, which
+// serializes podwire's own read-modify-write of the shared table.
+func (b *MasqNFTables) locked(f func(c *nftables.Conn) error) error {
 	unlock, err := lockFeature("nftables", masqLock)
 	if err != nil {
 		return err
@@ -60,39 +55,52 @@ func (b *MasqNFTables) Apply(_ context.Context, p MasqPlan) error {
 		return err
 	}
 	defer done()
-	postRules, err := rulesOf(c, t, post)
-	if err != nil {
+	return f(c)
+}
+
+// Apply implements MasqBackend.
+func (b *MasqNFTables) Apply(_ context.Context, p MasqPlan) error {
+	if err := p.Validate(); err != nil {
 		return err
 	}
-	have, err := rulesOf(c, t, checks)
-	if err != nil {
-		return err
-	}
-	if !hasGoto(postRules) {
-		// First pod (or a damaged table): create table and chains and (re)fill
-		// postrouting, as the reference does on every ADD. Only here, because adding an
-		// existing base chain is an update that costs an RCU grace period.
-		c.AddTable(t)
-		c.AddChain(checks)
-		c.AddChain(post)
-		c.FlushChain(post)
-		for _, r := range masqNFTPostRules(t, post) {
+	t := masqNFTTable()
+	checks, post := masqNFTChains(t)
+	add := masqNFTRules(t, checks, p)
+	return b.locked(func(c *nftables.Conn) error {
+		postRules, err := rulesOf(c, t, post)
+		if err != nil {
+			return err
+		}
+		have, err := rulesOf(c, t, checks)
+		if err != nil {
+			return err
+		}
+		if !hasGoto(postRules) {
+			// First pod (or a damaged table): create table and chains and (re)fill
+			// postrouting, as the reference does on every ADD. Only here, because adding an
+			// existing base chain is an update that costs an RCU grace period.
+			c.AddTable(t)
+			c.AddChain(checks)
+			c.AddChain(post)
+			c.FlushChain(post)
+			for _, r := range masqNFTPostRules(t, post) {
+				c.AddRule(r)
+			}
+		}
+		// A repeated ADD replaces the owner's rules.
+		for _, r := range selectMasqNFT(have, p.Owner) {
+			if err := c.DelRule(r); err != nil {
+				return fmt.Errorf("deleting old masquerade rule of %s: %w", p.Owner, err)
+			}
+		}
+		for _, r := range add {
 			c.AddRule(r)
 		}
-	}
-	// A repeated ADD replaces the owner's rules.
-	for _, r := range selectMasqNFT(have, p.Owner) {
-		if err := c.DelRule(r); err != nil {
-			return fmt.Errorf("deleting old masquerade rule of %s: %w", p.Owner, err)
+		if err := c.Flush(); err != nil {
+			return fmt.Errorf("installing masquerade of %s in nftables table inet %s: %w", p.Owner, masqNFTTableName, err)
 		}
-	}
-	for _, r := range add {
-		c.AddRule(r)
-	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("installing masquerade of %s in nftables table inet %s: %w", p.Owner, masqNFTTableName, err)
-	}
-	return nil
+		return nil
+	})
 }
 
 func hasGoto(rs []*nftables.Rule) bool {
@@ -141,50 +149,42 @@ func (b *MasqNFTables) GC(_ context.Context, network string, keep cniplumb.Owner
 func (b *MasqNFTables) removeWhere(pick func([]*nftables.Rule) []*nftables.Rule) error {
 	t := masqNFTTable()
 	checks, post := masqNFTChains(t)
-	unlock, err := lockFeature("nftables", masqLock)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	c, done, err := b.nft.conn()
-	if err != nil {
-		return err
-	}
-	defer done()
-	have, err := rulesOf(c, t, checks)
-	if err != nil {
-		return err
-	}
-	gone := pick(have)
-	if len(gone) == 0 {
-		return nil
-	}
-	dropTable := false
-	if len(gone) == len(have) {
-		postRules, err := rulesOf(c, t, post)
+	return b.locked(func(c *nftables.Conn) error {
+		have, err := rulesOf(c, t, checks)
 		if err != nil {
 			return err
 		}
-		tab, err := c.ListTableOfFamily(masqNFTTableName, nftables.TableFamilyINet)
-		dropTable = err == nil && onlyTwoChains(tab) && len(postRules) <= len(masqNFTPostRules(t, post))
-	}
-	if dropTable {
-		// Under the lock no podwire process adds to the table meanwhile. A reference
-		// ADD could (it does not take our lock): its rule would go with the table if it
-		// landed between the dump above and this batch, a window of one netlink round
-		// trip that only exists while both binaries run on one node.
-		c.DelTable(t)
-	} else {
-		for _, r := range gone {
-			if err := c.DelRule(r); err != nil {
-				return fmt.Errorf("deleting masquerade rule: %w", err)
+		gone := pick(have)
+		if len(gone) == 0 {
+			return nil
+		}
+		dropTable := false
+		if len(gone) == len(have) {
+			postRules, err := rulesOf(c, t, post)
+			if err != nil {
+				return err
+			}
+			tab, err := c.ListTableOfFamily(masqNFTTableName, nftables.TableFamilyINet)
+			dropTable = err == nil && onlyTwoChains(tab) && len(postRules) <= len(masqNFTPostRules(t, post))
+		}
+		if dropTable {
+			// Under the lock no podwire process adds to the table meanwhile. A reference
+			// ADD could (it does not take our lock): its rule would go with the table if it
+			// landed between the dump above and this batch, a window of one netlink round
+			// trip that only exists while both binaries run on one node.
+			c.DelTable(t)
+		} else {
+			for _, r := range gone {
+				if err := c.DelRule(r); err != nil {
+					return fmt.Errorf("deleting masquerade rule: %w", err)
+				}
 			}
 		}
-	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("removing masquerade rules from nftables table inet %s: %w", masqNFTTableName, err)
-	}
-	return nil
+		if err := c.Flush(); err != nil {
+			return fmt.Errorf("removing masquerade rules from nftables table inet %s: %w", masqNFTTableName, err)
+		}
+		return nil
+	})
 }
 
 // onlyTwoChains reports whether the table holds just masq_checks and postrouting
