@@ -2,8 +2,11 @@
 // ranges, in the same on-disk format as the reference host-local.
 package main
 
-import "github.com/podwire/podwire/pkg/cniplumb"
+import (
+	"github.com/podwire/podwire/pkg/cniplumb"
+	"github.com/podwire/podwire/pkg/ipam/hostlocal"
+)
 
 func main() {
-	cniplumb.Main("host-local", cniplumb.Verbs{Add: add, Del: del, Check: check, GC: gc, Status: status})
+	cniplumb.Main("host-local", hostlocal.Verbs)
 }

@@ -1,4 +1,8 @@
-package main
+// Package hostlocal is the host-local IPAM plugin's verbs: node-local address leases
+// in the reference host-local's on-disk format. The host-local command wires them to
+// cniplumb.Main; bridge runs them in its own process when the host-local it would
+// execute is this same build (see cniplumb.Delegator).
+package hostlocal
 
 import (
 	"context"
@@ -16,6 +20,9 @@ import (
 func owner(in *cniplumb.Input) ipam.Owner {
 	return ipam.Owner{ContainerID: in.ContainerID, IfName: in.IfName}
 }
+
+// Verbs are host-local's CNI operations.
+var Verbs = cniplumb.Verbs{Add: add, Del: del, Check: check, GC: gc, Status: status}
 
 // add leases one address from each range set and returns them with the configured
 // routes and DNS.
