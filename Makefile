@@ -6,7 +6,10 @@ CNI_BIN_DIR ?= /opt/cni/bin
 DESTDIR     ?=
 VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 PLUGINS     := $(notdir $(wildcard plugins/main/* plugins/ipam/* plugins/meta/*))
-LDFLAGS     := -s -w -X github.com/podwire/podwire/pkg/cniplumb.Version=$(VERSION)
+# The sources every plugin is built from: plugins built from the same sources run each
+# other in-process (bridge runs host-local without a second process; see pkg/cniplumb).
+BUILD_STAMP := podwire-build:$(shell cat go.mod go.sum $$(find pkg plugins -name '*.go' ! -name '*_test.go' | LC_ALL=C sort) | sha256sum | cut -c1-16)
+LDFLAGS     := -s -w -X github.com/podwire/podwire/pkg/cniplumb.Version=$(VERSION) -X github.com/podwire/podwire/pkg/cniplumb.BuildStamp=$(BUILD_STAMP)
 # 2 cores: keep test parallelism sane.
 TEST_FLAGS  ?= -count=1 -p 2 -timeout 20m
 

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 )
 
 var (
@@ -51,7 +52,10 @@ func BinDir() (string, error) {
 			buildErr = err
 			return
 		}
-		cmd := exec.Command("go", "build", "-o", dir+"/", "./plugins/...")
+		// Stamped like `make build`, so bridge runs host-local in-process as it does
+		// when installed.
+		stamp := fmt.Sprintf("-X github.com/podwire/podwire/pkg/cniplumb.BuildStamp=podwire-build:test-%d-%d", os.Getpid(), time.Now().UnixNano())
+		cmd := exec.Command("go", "build", "-ldflags="+stamp, "-o", dir+"/", "./plugins/...")
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("building plugins: %v\n%s", err, out)

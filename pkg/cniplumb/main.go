@@ -54,6 +54,10 @@ func run(name string, v Verbs, env func(string) string) *types.Error {
 	cmd := env("CNI_COMMAND")
 	info := version.PluginSupports(SupportedVersions...)
 	about := fmt.Sprintf("CNI plugin %s (podwire %s)", name, Version)
+	if BuildStamp != "" {
+		// Also keeps the stamp in every binary, where Delegator looks for it.
+		about = fmt.Sprintf("CNI plugin %s (podwire %s, %s)", name, Version, BuildStamp)
+	}
 
 	switch cmd {
 	case "ADD", "DEL", "CHECK", "GC", "STATUS":

@@ -14,37 +14,41 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 )
 
+// testVerbs are the test plugin's: its ADD echoes prevResult or makes a result, and
+// fails or panics when the config says so.
+var testVerbs = Verbs{
+	Add: func(_ context.Context, in *Input) (types.Result, error) {
+		var c struct {
+			Panic bool `json:"panic"`
+			Fail  bool `json:"fail"`
+		}
+		if err := in.Decode(&c); err != nil {
+			return nil, err
+		}
+		if c.Panic {
+			var m map[string]int
+			m["boom"]++ // nil map write: a real runtime panic
+		}
+		if c.Fail {
+			return nil, errors.New("plain failure")
+		}
+		if in.PrevResult != nil {
+			return in.PrevResult, nil
+		}
+		return &current.Result{CNIVersion: current.ImplementedSpecVersion,
+			Interfaces: []*current.Interface{{Name: in.IfName, Sandbox: in.Netns}}}, nil
+	},
+	Del: func(context.Context, *Input) error { return nil },
+	Status: func(context.Context, *Input) error {
+		return NotAvailable("test says so")
+	},
+}
+
 // The test binary doubles as a plugin: with PODWIRE_PLUMB_TEST=1 it runs Main, so the
 // tests below exercise the real exec path (exit status, stdout) without root.
 func TestMain(m *testing.M) {
 	if os.Getenv("PODWIRE_PLUMB_TEST") == "1" {
-		Main("plumbtest", Verbs{
-			Add: func(_ context.Context, in *Input) (types.Result, error) {
-				var c struct {
-					Panic bool `json:"panic"`
-					Fail  bool `json:"fail"`
-				}
-				if err := in.Decode(&c); err != nil {
-					return nil, err
-				}
-				if c.Panic {
-					var m map[string]int
-					m["boom"]++ // nil map write: a real runtime panic
-				}
-				if c.Fail {
-					return nil, errors.New("plain failure")
-				}
-				if in.PrevResult != nil {
-					return in.PrevResult, nil
-				}
-				return &current.Result{CNIVersion: current.ImplementedSpecVersion,
-					Interfaces: []*current.Interface{{Name: in.IfName, Sandbox: in.Netns}}}, nil
-			},
-			Del: func(context.Context, *Input) error { return nil },
-			Status: func(context.Context, *Input) error {
-				return NotAvailable("test says so")
-			},
-		})
+		Main("plumbtest", testVerbs)
 		os.Exit(0)
 	}
 	os.Exit(m.Run())

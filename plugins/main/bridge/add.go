@@ -8,7 +8,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -49,8 +48,44 @@ func add(ctx context.Context, in *cniplumb.Input) (_ types.Result, err error) {
 		return nil, err
 	}
 	owner := in.Owner()
-	// Pick the backend before changing anything: a missing backend is the operator's to
-	// fix and must not leave a half-made pod behind.
+
+	var undo undoStack
+	defer undo.runIfFailed(&err)
+
+	// The IPAM plugin starts first: it runs (in this process when it is podwire's
+	// host-local, see ipamPlugins) while this one checks the backend and makes the
+	// bridge and the veth, none of which depend on the addresses. Its release is the
+	// first undo step, so it runs last, after the veth is gone, and waits for the
+	// allocation when a later step fails before it returned.
+	type ipamOut struct {
+		r   types.Result
+		err error
+	}
+	var ipamWait func() ipamOut
+	if c.Layer3 {
+		ipamDone := make(chan ipamOut, 1)
+		go func() {
+			r, err := ipamPlugins.Add(ctx, in, c.IPAMType)
+			ipamDone <- ipamOut{r, err}
+		}()
+		var got *ipamOut
+		ipamWait = func() ipamOut {
+			if got == nil {
+				o := <-ipamDone
+				got = &o
+			}
+			return *got
+		}
+		undo.push("releasing the IPAM lease", func() error {
+			if ipamWait().err != nil {
+				return nil
+			}
+			return ipamPlugins.Del(context.WithoutCancel(ctx), in, c.IPAMType)
+		})
+	}
+
+	// Pick the backend before changing anything on the node: a missing backend is the
+	// operator's to fix and must not leave a half-made pod behind.
 	var fw netfilter.MasqBackend
 	if c.raw.IPMasq && c.Layer3 {
 		if fw, _, err = netfilter.OpenMasq(c.Backend); err != nil {
@@ -63,30 +98,10 @@ func add(ctx context.Context, in *cniplumb.Input) (_ types.Result, err error) {
 	}
 	defer podNS.Close()
 
-	var undo undoStack
-	defer undo.runIfFailed(&err)
-
 	br, err := link.EnsureBridge(link.BridgeSpec{Name: c.Bridge, MTU: c.raw.MTU, Promisc: c.raw.PromiscMode,
 		VlanFiltering: c.raw.Vlan != 0 || c.raw.VlanTrunk != nil})
 	if err != nil {
 		return nil, err
-	}
-
-	// The IPAM plugin is a process of its own: it runs while this one makes the veth,
-	// which does not depend on the addresses. Errors are reported in the order the
-	// steps had when they ran one after the other (IPAM first), and the undo stack gets
-	// the same order too (veth removed before the lease is released).
-	type ipamOut struct {
-		r   types.Result
-		err error
-	}
-	var ipamDone chan ipamOut
-	if c.Layer3 {
-		ipamDone = make(chan ipamOut, 1)
-		go func() {
-			r, err := invoke.DelegateAdd(ctx, c.IPAMType, in.Stdin, nil)
-			ipamDone <- ipamOut{r, err}
-		}()
 	}
 
 	veth, vethErr := link.CreateVeth(link.VethSpec{PodIfName: in.IfName, PodNSFd: int(podNS.Fd()), PodMAC: c.MAC,
@@ -97,19 +112,16 @@ func add(ctx context.Context, in *cniplumb.Input) (_ types.Result, err error) {
 			Vlan: c.raw.Vlan, Trunk: c.Trunk, PreserveDefaultVlan: c.raw.PreserveDefaultVlan, DefaultPVID: pvidOf(br)})
 	}
 
+	// Errors keep the order the steps had when they ran one after the other: IPAM's
+	// first.
 	var ipamRes *current.Result
 	var ipamErr error
 	if c.Layer3 {
-		o := <-ipamDone
+		o := ipamWait()
 		if o.err != nil {
 			ipamErr = fmt.Errorf("IPAM plugin %q: %w", c.IPAMType, o.err)
-		} else {
-			undo.push("releasing the IPAM lease", func() error {
-				return invoke.DelegateDel(context.WithoutCancel(ctx), c.IPAMType, in.Stdin, nil)
-			})
-			if ipamRes, ipamErr = current.NewResultFromResult(o.r); ipamErr != nil {
-				ipamErr = fmt.Errorf("converting the result of IPAM plugin %q: %w", c.IPAMType, ipamErr)
-			}
+		} else if ipamRes, ipamErr = current.NewResultFromResult(o.r); ipamErr != nil {
+			ipamErr = fmt.Errorf("converting the result of IPAM plugin %q: %w", c.IPAMType, ipamErr)
 		}
 	}
 	if vethErr == nil {

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/netip"
 
-	"github.com/containernetworking/cni/pkg/invoke"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
@@ -41,9 +40,15 @@ func del(ctx context.Context, in *cniplumb.Input) error {
 			errs = append(errs, fmt.Errorf("removing macspoofchk rules of %s: %w", owner, err))
 		}
 	}
-	// The rules go first and the veth after: deleting the veth takes the kernel an RCU
-	// grace period anyway, during which the freeing of the deleted rules completes, so
-	// the process does not wait for it again when its nf_tables socket closes at exit.
+	// The lease is released while the kernel deletes the veth (an RCU grace period,
+	// most of DEL's time); the reference releases it first too. The rules go before the
+	// veth: during that grace period the freeing of the deleted rules completes, so the
+	// process does not wait for it again when its nf_tables socket closes at exit.
+	var ipamDone chan error
+	if c.Layer3 {
+		ipamDone = make(chan error, 1)
+		go func() { ipamDone <- ipamPlugins.Del(ctx, in, c.IPAMType) }()
+	}
 	if in.Netns != "" {
 		err := ns.WithNetNSPath(in.Netns, func(ns.NetNS) error { return link.DeleteByName(in.IfName) })
 		var gone ns.NSPathNotExistErr
@@ -51,8 +56,8 @@ func del(ctx context.Context, in *cniplumb.Input) error {
 			errs = append(errs, fmt.Errorf("deleting %s in %s: %w", in.IfName, in.Netns, err))
 		}
 	}
-	if c.Layer3 {
-		if err := invoke.DelegateDel(ctx, c.IPAMType, in.Stdin, nil); err != nil {
+	if ipamDone != nil {
+		if err := <-ipamDone; err != nil {
 			errs = append(errs, fmt.Errorf("IPAM plugin %q: %w", c.IPAMType, err))
 		}
 	}
@@ -71,7 +76,7 @@ func check(ctx context.Context, in *cniplumb.Input) error {
 		return err
 	}
 	if c.Layer3 {
-		if err := invoke.DelegateCheck(ctx, c.IPAMType, in.Stdin, nil); err != nil {
+		if err := ipamPlugins.Check(ctx, in, c.IPAMType); err != nil {
 			return fmt.Errorf("IPAM plugin %q: %w", c.IPAMType, err)
 		}
 	}
@@ -222,7 +227,7 @@ func gc(ctx context.Context, in *cniplumb.Input) error {
 	}
 	var errs []error
 	if c.Layer3 {
-		if err := invoke.DelegateGC(ctx, c.IPAMType, in.Stdin, nil); err != nil {
+		if err := ipamPlugins.GC(ctx, in, c.IPAMType); err != nil {
 			errs = append(errs, fmt.Errorf("IPAM plugin %q: %w", c.IPAMType, err))
 		}
 	}
@@ -275,7 +280,7 @@ func status(ctx context.Context, in *cniplumb.Input) error {
 		}
 	}
 	if c.Layer3 {
-		if err := invoke.DelegateStatus(ctx, c.IPAMType, in.Stdin, nil); err != nil {
+		if err := ipamPlugins.Status(ctx, in, c.IPAMType); err != nil {
 			return fmt.Errorf("IPAM plugin %q: %w", c.IPAMType, err)
 		}
 	}

@@ -1,0 +1,187 @@
+package cniplumb
+
+import (
+	"bytes"
+	"context"
+	"debug/buildinfo"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"strings"
+
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/types"
+	"golang.org/x/sys/unix"
+)
+
+// BuildStamp identifies the podwire sources a binary was built from. `make build` sets
+// it for every plugin to "podwire-build:" and a hash of the Go sources, go.mod and
+// go.sum (-ldflags "-X github.com/podwire/podwire/pkg/cniplumb.BuildStamp=..."). It is
+// empty in a plain `go build`, and then no plugin runs another in its own process.
+var BuildStamp string
+
+// RunDir holds podwire's small per-boot state (locks, caches); it is a tmpfs on
+// systemd hosts, so nothing in it survives a reboot.
+var RunDir = "/run/podwire"
+
+// Delegator runs a delegated plugin (the IPAM plugin named in ipam.type) as
+// invoke.Delegate* does: the first file of that name in CNI_PATH, with this call's
+// environment and stdin and CNI_COMMAND set to the verb. When Builtin holds verbs for
+// that plugin and the file is podwire's own build of it from the same sources (see
+// sameBuild), the verbs run in this process instead: the same code on the same input
+// with the same result and errors, without starting a second process.
+type Delegator struct {
+	Builtin map[string]Verbs
+	// Package is the Go main package each builtin's binary is built from, e.g.
+	// "github.com/podwire/podwire/plugins/ipam/host-local".
+	Package map[string]string
+}
+
+// Add delegates ADD. The result is in the configuration's cniVersion, as an executed
+// plugin's would be.
+func (d Delegator) Add(ctx context.Context, in *Input, plugin string) (types.Result, error) {
+	v, ok := d.local(in, plugin)
+	if !ok || v.Add == nil {
+		return invoke.DelegateAdd(ctx, plugin, in.Stdin, nil)
+	}
+	var res types.Result
+	err := runLocal(plugin, func() error {
+		r, err := v.Add(ctx, in.as("ADD"))
+		if err != nil {
+			return err
+		}
+		if r == nil {
+			return fmt.Errorf("%s returned no result from ADD", plugin)
+		}
+		if res, err = r.GetAsVersion(in.Conf.CNIVersion); err != nil {
+			return fmt.Errorf("converting result to cniVersion %s: %w", in.Conf.CNIVersion, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// Del delegates DEL.
+func (d Delegator) Del(ctx context.Context, in *Input, plugin string) error {
+	v, ok := d.local(in, plugin)
+	if !ok {
+		return invoke.DelegateDel(ctx, plugin, in.Stdin, nil)
+	}
+	return runLocal(plugin, func() error { return orNoop(v.Del)(ctx, in.as("DEL")) })
+}
+
+// Check delegates CHECK.
+func (d Delegator) Check(ctx context.Context, in *Input, plugin string) error {
+	v, ok := d.local(in, plugin)
+	if !ok {
+		return invoke.DelegateCheck(ctx, plugin, in.Stdin, nil)
+	}
+	return runLocal(plugin, func() error { return orNoop(v.Check)(ctx, in.as("CHECK")) })
+}
+
+// GC delegates GC.
+func (d Delegator) GC(ctx context.Context, in *Input, plugin string) error {
+	v, ok := d.local(in, plugin)
+	if !ok {
+		return invoke.DelegateGC(ctx, plugin, in.Stdin, nil)
+	}
+	return runLocal(plugin, func() error { return orNoop(v.GC)(ctx, in.as("GC")) })
+}
+
+// Status delegates STATUS.
+func (d Delegator) Status(ctx context.Context, in *Input, plugin string) error {
+	v, ok := d.local(in, plugin)
+	if !ok {
+		return invoke.DelegateStatus(ctx, plugin, in.Stdin, nil)
+	}
+	return runLocal(plugin, func() error { return orNoop(v.Status)(ctx, in.as("STATUS")) })
+}
+
+// InProcess reports whether plugin would run in this process for in.
+func (d Delegator) InProcess(in *Input, plugin string) bool {
+	_, ok := d.local(in, plugin)
+	return ok
+}
+
+// as is the input the delegated plugin would parse from the same environment and stdin.
+func (in *Input) as(cmd string) *Input {
+	c := *in
+	c.Command = cmd
+	return &c
+}
+
+// runLocal runs a builtin verb the way Main would in its own process: a panic is a
+// code-999 error, and every error reaches the caller as the *types.Error the plugin
+// would have printed.
+func runLocal(plugin string, f func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			fmt.Fprintf(os.Stderr, "%s: panic: %v\n%s", plugin, r, debug.Stack())
+			err = types.NewError(CodeInternal, fmt.Sprintf("internal error in %s", plugin),
+				fmt.Sprintf("panic: %v (this is a bug in podwire; the stack trace is on stderr)", r))
+		}
+	}()
+	if e := f(); e != nil {
+		return toCNIError(e)
+	}
+	return nil
+}
+
+func (d Delegator) local(in *Input, plugin string) (Verbs, bool) {
+	v, ok := d.Builtin[plugin]
+	if !ok || BuildStamp == "" {
+		return Verbs{}, false
+	}
+	path, err := invoke.FindInPath(plugin, filepath.SplitList(in.Path))
+	if err != nil {
+		return Verbs{}, false // executing it reports the error
+	}
+	return v, sameBuild(path, d.Package[plugin])
+}
+
+// sameBuild reports whether the file at path is an executable built from the same
+// podwire sources (BuildStamp), by the same Go release, as the Go main package pkg. The
+// verdict is cached in RunDir per file identity (device, inode, size, mtime, ctime), so
+// only the first call after the file changed reads it.
+func sameBuild(path, pkg string) bool {
+	var st unix.Stat_t
+	if unix.Stat(path, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Mode&0o111 == 0 {
+		return false // executing it reports what is wrong
+	}
+	key := fmt.Sprintf("%s %d %d %d %d %d %s %s %s", path, st.Dev, st.Ino, st.Size, st.Mtim.Nano(), st.Ctim.Nano(),
+		BuildStamp, runtime.Version(), pkg)
+	cache := filepath.Join(RunDir, "delegate-"+filepath.Base(path))
+	if b, err := os.ReadFile(cache); err == nil {
+		if k, v, ok := strings.Cut(strings.TrimSpace(string(b)), "\n"); ok && k == key {
+			return v == "same"
+		}
+	}
+	same := readSameBuild(path, pkg)
+	verdict := "other"
+	if same {
+		verdict = "same"
+	}
+	if os.MkdirAll(RunDir, 0o700) == nil {
+		tmp := fmt.Sprintf("%s.%d", cache, os.Getpid())
+		if os.WriteFile(tmp, []byte(key+"\n"+verdict+"\n"), 0o600) == nil {
+			if os.Rename(tmp, cache) != nil {
+				_ = os.Remove(tmp)
+			}
+		}
+	}
+	return same
+}
+
+func readSameBuild(path, pkg string) bool {
+	b, err := os.ReadFile(path)
+	if err != nil || !bytes.Contains(b, []byte(BuildStamp)) {
+		return false
+	}
+	bi, err := buildinfo.Read(bytes.NewReader(b))
+	return err == nil && bi.Path == pkg && bi.GoVersion == runtime.Version()
+}

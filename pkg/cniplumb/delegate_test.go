@@ -1,0 +1,181 @@
+package cniplumb
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+)
+
+// testStamp is a BuildStamp this test binary contains (as this literal), standing in
+// for the one `make build` links into every plugin.
+const testStamp = "podwire-build:unit-test-5c1e0a"
+
+// delegateEnv points CNI_PATH at a directory whose "plumbtest" is this test binary
+// (which runs testVerbs when executed) and sets the rest of a CNI call's environment.
+func delegateEnv(t *testing.T, cmd string) (dir string, in func(stdin string) *Input) {
+	t.Helper()
+	dir = t.TempDir()
+	if err := os.Symlink(os.Args[0], filepath.Join(dir, "plumbtest")); err != nil {
+		t.Fatal(err)
+	}
+	env := baseEnv(cmd)
+	env["CNI_PATH"] = dir
+	env["PODWIRE_PLUMB_TEST"] = "1"
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	RunDir = t.TempDir()
+	t.Cleanup(func() { RunDir = "/run/podwire"; BuildStamp = "" })
+	return dir, func(stdin string) *Input {
+		got, err := parseInput(cmd, os.Getenv, []byte(stdin))
+		if err != nil {
+			t.Fatalf("parsing input: %v", err)
+		}
+		return got
+	}
+}
+
+func ownPackage(t *testing.T) string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		t.Skip("no build info in the test binary")
+	}
+	return bi.Path
+}
+
+// outcome renders what a delegated call returned: the result as JSON, or the error's
+// type, code, message and details.
+func outcome(r types.Result, err error) string {
+	if err != nil {
+		var e *types.Error
+		if !errors.As(err, &e) {
+			return "not a CNI error: " + err.Error()
+		}
+		return fmt.Sprintf("error %d | %s | %s", e.Code, e.Msg, e.Details)
+	}
+	if r == nil {
+		return "ok"
+	}
+	b, _ := json.Marshal(r)
+	return "version " + r.Version() + " " + string(b)
+}
+
+// TestDelegatorInProcessMatchesExec runs the same calls through an executed plugin and
+// in-process, and requires identical results and errors, panics included.
+func TestDelegatorInProcessMatchesExec(t *testing.T) {
+	pkg := ownPackage(t)
+	cases := []struct {
+		name, cmd, stdin string
+	}{
+		{"ADD 1.0.0", "ADD", `{"cniVersion":"1.0.0","name":"n","type":"x","ipam":{"type":"plumbtest"}}`},
+		{"ADD 0.3.1 (converted)", "ADD", `{"cniVersion":"0.3.1","name":"n","type":"x"}`},
+		{"ADD error", "ADD", `{"cniVersion":"1.0.0","name":"n","fail":true}`},
+		{"ADD panic", "ADD", `{"cniVersion":"1.0.0","name":"n","panic":true}`},
+		{"ADD decode error", "ADD", `{"cniVersion":"1.0.0","name":"n","fail":"yes"}`},
+		{"DEL", "DEL", `{"cniVersion":"1.0.0","name":"n"}`},
+		{"CHECK (none implemented)", "CHECK", `{"cniVersion":"1.0.0","name":"n"}`},
+		{"STATUS 50", "STATUS", `{"cniVersion":"1.1.0","name":"n"}`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, input := delegateEnv(t, tc.cmd)
+			in := input(tc.stdin)
+			call := func(d Delegator) string {
+				ctx := context.Background()
+				switch tc.cmd {
+				case "ADD":
+					return outcome(d.Add(ctx, in, "plumbtest"))
+				case "DEL":
+					return outcome(nil, d.Del(ctx, in, "plumbtest"))
+				case "CHECK":
+					return outcome(nil, d.Check(ctx, in, "plumbtest"))
+				default:
+					return outcome(nil, d.Status(ctx, in, "plumbtest"))
+				}
+			}
+			executed := call(Delegator{})
+			BuildStamp = testStamp
+			d := Delegator{Builtin: map[string]Verbs{"plumbtest": testVerbs}, Package: map[string]string{"plumbtest": pkg}}
+			if !d.InProcess(in, "plumbtest") {
+				t.Fatal("the test binary under its own stamp is not taken as the same build")
+			}
+			local := call(d)
+			if local != executed {
+				t.Errorf("in-process and executed differ:\n in-process: %s\n executed:   %s", local, executed)
+			}
+		})
+	}
+}
+
+// TestDelegatorExecutesOtherBuilds: a plugin runs in-process only when the file is the
+// same build; everything else is executed, and the verdict follows the file.
+func TestDelegatorExecutesOtherBuilds(t *testing.T) {
+	pkg := ownPackage(t)
+	dir, input := delegateEnv(t, "ADD")
+	in := input(`{"cniVersion":"1.0.0","name":"n"}`)
+	d := Delegator{Builtin: map[string]Verbs{"plumbtest": testVerbs}, Package: map[string]string{"plumbtest": pkg}}
+
+	BuildStamp = ""
+	if d.InProcess(in, "plumbtest") {
+		t.Error("an unstamped build runs plugins in-process")
+	}
+	BuildStamp = fmt.Sprintf("podwire-build:absent-%d", time.Now().UnixNano()) // made at run time: not in the file
+	if d.InProcess(in, "plumbtest") {
+		t.Error("a file without this build's stamp is taken as the same build")
+	}
+	BuildStamp = testStamp
+	other := Delegator{Builtin: d.Builtin, Package: map[string]string{"plumbtest": "github.com/podwire/podwire/plugins/ipam/host-local"}}
+	if other.InProcess(in, "plumbtest") {
+		t.Error("a binary of another main package is taken as the plugin")
+	}
+	if !d.InProcess(in, "plumbtest") {
+		t.Fatal("the same build is not run in-process")
+	}
+	if b, err := os.ReadFile(filepath.Join(RunDir, "delegate-plumbtest")); err != nil || !strings.HasSuffix(string(b), "\nsame\n") {
+		t.Errorf("verdict cache: %q, %v", b, err)
+	}
+	if (Delegator{Builtin: map[string]Verbs{}}).InProcess(in, "plumbtest") {
+		t.Error("a plugin without builtin verbs runs in-process")
+	}
+
+	// The file is replaced by a script of the same name: executed from then on, even
+	// though the cache said "same" for the old file.
+	link := filepath.Join(dir, "plumbtest")
+	if err := os.Remove(link); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(link, []byte("#!/bin/sh\necho '"+testStamp+"'\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if d.InProcess(in, "plumbtest") {
+		t.Error("a replaced file kept the cached verdict")
+	}
+	// Not executable: executing it reports the error, so it must not run in-process.
+	if err := os.Remove(link); err != nil {
+		t.Fatal(err)
+	}
+	exe, _ := os.ReadFile(os.Args[0])
+	if err := os.WriteFile(link, exe, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if d.InProcess(in, "plumbtest") {
+		t.Error("a file without exec permission runs in-process")
+	}
+	now := time.Now()
+	if err := os.Chmod(link, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_ = os.Chtimes(link, now, now)
+	if !d.InProcess(in, "plumbtest") {
+		t.Error("an executable copy of the same build is not run in-process")
+	}
+}
