@@ -54,11 +54,11 @@ func benchLeases(e *env, t *testing.T) {
 	tbl := e.rep.section("5. host-local with existing leases", timingHeader...)
 	tbl.intro = "host-local alone in a " + leaseSubnet + ", its data dir pre-populated before timing with lease files in the " +
 		"reference's on-disk format (one file per address holding `<containerID>\\r\\n<ifname>`, `last_reserved_ip.0` " +
-		"naming the highest). podwire keeps an index beside the lease files and rebuilds it from the files when the lease " +
-		"directory changed behind its back (its mtime or a `last_reserved_ip` file differs from what podwire last " +
-		"committed), so the first call after someone else wrote leases pays one full directory read: the \"first call\" " +
-		"row is that one call per set (a single sample), the \"after a foreign write\" row repeats it by writing one foreign " +
-		"lease, untimed, before each ADD. The reference reads no index: its ADD tries addresses after the last reserved " +
+		"naming the highest). podwire keeps an index beside the lease files. The first call on pre-populated files builds " +
+		"it (one full read of the directory): the \"first call\" row is that one call per set (a single sample). When the " +
+		"directory changed behind podwire's back (its mtime or a `last_reserved_ip` file differs from what podwire last " +
+		"committed), the next call catches up: it stats every lease file and reads those changed since its last commit; " +
+		"the \"after a foreign write\" row repeats that by writing one foreign lease, untimed, before each ADD. The reference reads no index: its ADD tries addresses after the last reserved " +
 		"one, its DEL reads every lease file to find the container's."
 	counts := []int{0, 10_000}
 	iters := e.iters

@@ -2,6 +2,7 @@ package disk_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -197,7 +198,8 @@ func TestSymlinkNotFollowed(t *testing.T) {
 
 // TestIndexNotRebuiltForOwnChanges proves ADD and DEL use the index rather than
 // reading the lease directory: a planted stale index entry survives them (a rebuild
-// would delete it), until a foreign change forces a rebuild.
+// would delete it). A foreign change is caught up with without a rebuild either; the
+// next boot's rebuild removes the entry.
 func TestIndexNotRebuiltForOwnChanges(t *testing.T) {
 	dataDir := t.TempDir()
 	st := open(t, dataDir, disk.Options{})
@@ -227,8 +229,74 @@ func TestIndexNotRebuiltForOwnChanges(t *testing.T) {
 	if got := leasesOf(t, st, own("other")); !cmp.Equal(got, []string{"10.0.0.200"}) {
 		t.Errorf("foreign lease not picked up: %v", got)
 	}
+	if _, err := os.Stat(bogus); err != nil {
+		t.Fatalf("catching up with a foreign lease rebuilt the whole index: %v", err)
+	}
+	if got := leasesOf(t, open(t, dataDir, disk.Options{BootID: "boot1"}), own("other")); !cmp.Equal(got, []string{"10.0.0.200"}) {
+		t.Errorf("after a reboot: %v", got)
+	}
 	if _, err := os.Stat(bogus); err == nil {
-		t.Error("stale index entry survived a rebuild")
+		t.Error("stale index entry survived the rebuild after a reboot")
+	}
+}
+
+// TestForeignChangesCaughtUp: leases another writer creates, moves in (with an old
+// mtime) or re-creates for another owner are found by their owners' DEL, and a lease
+// re-created for someone else is not released by its former owner's DEL.
+func TestForeignChangesCaughtUp(t *testing.T) {
+	dataDir := t.TempDir()
+	st := open(t, dataDir, disk.Options{})
+	c := parse(t, `{"ranges":[[{"subnet":"10.0.0.0/24"}]]}`)
+	for i := 0; i < 20; i++ {
+		allocate(t, st, c, own(fmt.Sprint("c", i)))
+	}
+	ipOf := func(o ipam.Owner) string {
+		got := leasesOf(t, st, o)
+		if len(got) != 1 {
+			t.Fatalf("%s holds %v", o, got)
+		}
+		return got[0]
+	}
+	dir := filepath.Join(dataDir, network)
+	time.Sleep(20 * time.Millisecond)
+	// c3's lease is released and re-made for "thief" behind podwire's back.
+	stolen := ipOf(own("c3"))
+	if err := os.Remove(filepath.Join(dir, stolen)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, stolen), []byte("thief\r\neth0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A lease prepared elsewhere and moved in keeps its old mtime; its ctime is new.
+	moved := filepath.Join(t.TempDir(), "10.0.0.250")
+	if err := os.WriteFile(moved, []byte("mover\r\neth0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(moved, old, old); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(moved, filepath.Join(dir, "10.0.0.250")); err != nil {
+		t.Fatal(err)
+	}
+	if err := ipam.Release(ctx, st, own("c3")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, stolen)); err != nil {
+		t.Errorf("c3's DEL removed the lease now held by another container: %v", err)
+	}
+	for _, o := range []ipam.Owner{own("thief"), own("mover")} {
+		if err := ipam.Release(ctx, st, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, ip := range []string{stolen, "10.0.0.250"} {
+		if _, err := os.Stat(filepath.Join(dir, ip)); err == nil {
+			t.Errorf("lease %s made behind podwire's back was not released by its owner's DEL", ip)
+		}
+	}
+	if got := leasesOf(t, st, own("c7")); len(got) != 1 {
+		t.Errorf("an untouched lease was lost: %v", got)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -120,11 +121,11 @@ func leaseIP(name string) net.IP {
 }
 
 // begin brings the index up to date. It is rebuilt from the lease files when there is
-// no index yet, the node has rebooted since the last commit (a power cut may have
-// lost index writes), or the lease directory changed behind podwire's back: its mtime
-// differs (a lease file was created or removed) or a last_reserved_ip file differs
-// (the reference rewrites one on every reservation, which catches even a change within
-// the same mtime tick).
+// no index yet or the node has rebooted since the last commit (a power cut may have
+// lost index writes). When the lease directory changed behind podwire's back in this
+// boot — its mtime differs (a lease file was created or removed) or a last_reserved_ip
+// file differs (the reference rewrites one on every reservation, which catches even a
+// change within the same mtime tick) — catchUp reads what changed.
 func (t *tx) begin() error {
 	s := t.s
 	b, err := os.ReadFile(filepath.Join(s.side, stateName))
@@ -142,7 +143,8 @@ func (t *tx) begin() error {
 		return ioError("removing a stale temporary lease", err)
 	}
 	var st state
-	fresh := err == nil && json.Unmarshal(b, &st) == nil && st.Version == 1 && st.Boot == s.boot
+	valid := err == nil && json.Unmarshal(b, &st) == nil && st.Version == 1 && st.Boot == s.boot
+	fresh := valid
 	if fresh {
 		mt, err := t.dirMtime()
 		if err != nil {
@@ -166,7 +168,106 @@ func (t *tx) begin() error {
 		t.last = st.Last
 		return nil
 	}
+	if valid {
+		return t.catchUp(st.DirMtime)
+	}
 	return t.rebuild()
+}
+
+// catchUpSlack is how far before the last commit catchUp still reads lease files:
+// the kernel stamps files with a coarse clock, and a slack covers small steps of it.
+const catchUpSlack = 2 * time.Second
+
+// catchUp brings the index up to date after a change behind podwire's back in this
+// boot, reading only the lease files created or changed since podwire's last commit.
+//
+// The index may name a lease that is gone or now someone else's (reads verify every
+// entry against its file and drop such ones), but it must not miss a lease that
+// exists, or DEL would not find it. A lease file made or changed since the last
+// commit has a ctime at or after that commit's directory mtime (the kernel sets ctime
+// on create, write and rename, and nothing can set it back), so one stat per lease
+// file finds them; only those are read, and added to their owners' entries. Entries
+// naming removed files stay until they are next read (or the next full rebuild). If
+// the clock went back since the last commit, it rebuilds instead.
+func (t *tx) catchUp(lastCommit int64) error {
+	s := t.s
+	now := time.Now().UnixNano()
+	if lastCommit > now+int64(time.Second) {
+		return t.rebuild()
+	}
+	dir, err := os.Open(s.dir)
+	if err != nil {
+		return ioError("listing the lease directory "+s.dir, err)
+	}
+	defer dir.Close()
+	names, err := dir.Readdirnames(-1)
+	if err != nil {
+		return ioError("listing the lease directory "+s.dir, err)
+	}
+	since := lastCommit - int64(catchUpSlack)
+	t.last = map[string]string{}
+	for _, name := range names {
+		if set, ok := strings.CutPrefix(name, lastIPPrefix); ok {
+			if b, err := os.ReadFile(filepath.Join(s.dir, name)); err == nil {
+				t.last[set] = string(b)
+			}
+			continue
+		}
+		if leaseIP(name) == nil {
+			continue
+		}
+		var st unix.Stat_t
+		if err := unix.Fstatat(int(dir.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				continue
+			}
+			return ioError("reading lease "+name, err)
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFREG {
+			continue
+		}
+		ctime := st.Ctim.Nano()
+		if ctime > now+int64(time.Second) {
+			return t.rebuild() // the clock went back: ctimes say nothing
+		}
+		if ctime < since {
+			continue
+		}
+		b, id, err := t.readLease(name)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		o, ok := parseLease(b)
+		if !ok {
+			continue // empty: broken, not in the index
+		}
+		r, err := t.record(o)
+		if err != nil {
+			return err
+		}
+		if t.rebuilt {
+			return nil // a torn entry made record rebuild everything
+		}
+		if r != nil {
+			if i := r.find(name); i >= 0 && r.Leases[i].Ino == id.ino && r.Leases[i].MtimeNs == id.mtime {
+				continue
+			}
+		}
+		nr := record{ContainerID: o.ContainerID, IfName: o.IfName}
+		if r != nil {
+			nr.Leases = append(nr.Leases, r.Leases...)
+		}
+		nr.drop(name)
+		nr.Leases = append(nr.Leases, recLease{IP: name, Ino: id.ino, MtimeNs: id.mtime, Boot: s.boot})
+		if err := t.saveRecord(&nr); err != nil {
+			return err
+		}
+	}
+	t.stateDirty = true
+	return nil
 }
 
 func (t *tx) dirMtime() (int64, error) {
