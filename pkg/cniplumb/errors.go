@@ -73,6 +73,10 @@ func Code(err error) uint {
 	return CodeInternal
 }
 
+// AsCNIError is the *types.Error a plugin prints for err: what a caller executing the
+// plugin would get back (see toCNIError).
+func AsCNIError(err error) *types.Error { return toCNIError(err) }
+
 // toCNIError turns any error into the *types.Error printed on stdout. A wrapped
 // *types.Error keeps its code; the wrapping context is prefixed to its message so the
 // operator sees where it happened.

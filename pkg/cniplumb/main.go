@@ -25,6 +25,16 @@ import (
 // -ldflags "-X github.com/podwire/podwire/pkg/cniplumb.Version=...".
 var Version = "dev"
 
+// BuildStamp identifies the podwire sources a binary was built from. `make build` sets
+// it for every plugin to "podwire-build:" and a hash of the Go sources, go.mod and
+// go.sum (-ldflags "-X github.com/podwire/podwire/pkg/cniplumb.BuildStamp=..."). It is
+// empty in a plain `go build`, and then no plugin runs another in its own process.
+var BuildStamp string
+
+// RunDir holds podwire's small per-boot state (locks, caches); it is a tmpfs on
+// systemd hosts, so nothing in it survives a reboot.
+var RunDir = "/run/podwire"
+
 // SupportedVersions are the CNI spec versions every podwire plugin speaks.
 var SupportedVersions = []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}
 

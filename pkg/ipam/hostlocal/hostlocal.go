@@ -1,7 +1,7 @@
 // Package hostlocal is the host-local IPAM plugin's verbs: node-local address leases
 // in the reference host-local's on-disk format. The host-local command wires them to
 // cniplumb.Main; bridge runs them in its own process when the host-local it would
-// execute is this same build (see cniplumb.Delegator).
+// execute is this same build (see pkg/delegate).
 package hostlocal
 
 import (

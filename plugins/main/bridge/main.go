@@ -5,6 +5,7 @@ package main
 
 import (
 	"github.com/podwire/podwire/pkg/cniplumb"
+	"github.com/podwire/podwire/pkg/delegate"
 	"github.com/podwire/podwire/pkg/ipam/hostlocal"
 )
 
@@ -16,7 +17,7 @@ func main() {
 // host-local, when it is the one CNI_PATH names and was built from the same sources as
 // this binary, runs in this process: the same code on the same input, without the
 // cost of starting a second process on every ADD and DEL.
-var ipamPlugins = cniplumb.Delegator{
+var ipamPlugins = delegate.Delegator{
 	Builtin: map[string]cniplumb.Verbs{"host-local": hostlocal.Verbs},
 	Package: map[string]string{"host-local": "github.com/podwire/podwire/plugins/ipam/host-local"},
 }

@@ -1,10 +1,11 @@
-package cniplumb
+package delegate
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -13,7 +14,51 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/podwire/podwire/pkg/cniplumb"
 )
+
+// testVerbs are the test plugin's: ADD echoes prevResult or makes a result, and fails
+// or panics when the config says so; STATUS always reports code 50.
+var testVerbs = cniplumb.Verbs{
+	Add: func(_ context.Context, in *cniplumb.Input) (types.Result, error) {
+		var c struct {
+			Panic bool `json:"panic"`
+			Fail  bool `json:"fail"`
+		}
+		if err := in.Decode(&c); err != nil {
+			return nil, err
+		}
+		if c.Panic {
+			var m map[string]int
+			m["boom"]++ // nil map write: a real runtime panic
+		}
+		if c.Fail {
+			return nil, errors.New("plain failure")
+		}
+		if in.PrevResult != nil {
+			return in.PrevResult, nil
+		}
+		return &current.Result{CNIVersion: current.ImplementedSpecVersion,
+			Interfaces: []*current.Interface{{Name: in.IfName, Sandbox: in.Netns}},
+			IPs:        []*current.IPConfig{{Address: net.IPNet{IP: net.IPv4(10, 1, 2, 3), Mask: net.CIDRMask(24, 32)}}}}, nil
+	},
+	Del: func(context.Context, *cniplumb.Input) error { return nil },
+	Status: func(context.Context, *cniplumb.Input) error {
+		return cniplumb.NotAvailable("test says so")
+	},
+}
+
+// The test binary doubles as the delegated plugin: with PODWIRE_PLUMB_TEST=1 it runs
+// cniplumb.Main with testVerbs, so the executed path is the real one.
+func TestMain(m *testing.M) {
+	if os.Getenv("PODWIRE_PLUMB_TEST") == "1" {
+		cniplumb.Main("plumbtest", testVerbs)
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
 
 // testStamp is a BuildStamp this test binary contains (as this literal), standing in
 // for the one `make build` links into every plugin.
@@ -21,26 +66,30 @@ const testStamp = "podwire-build:unit-test-5c1e0a"
 
 // delegateEnv points CNI_PATH at a directory whose "plumbtest" is this test binary
 // (which runs testVerbs when executed) and sets the rest of a CNI call's environment.
-func delegateEnv(t *testing.T, cmd string) (dir string, in func(stdin string) *Input) {
+func delegateEnv(t *testing.T, cmd string) (dir string, in func(stdin string) *cniplumb.Input) {
 	t.Helper()
 	dir = t.TempDir()
 	if err := os.Symlink(os.Args[0], filepath.Join(dir, "plumbtest")); err != nil {
 		t.Fatal(err)
 	}
-	env := baseEnv(cmd)
-	env["CNI_PATH"] = dir
-	env["PODWIRE_PLUMB_TEST"] = "1"
+	env := map[string]string{
+		"CNI_COMMAND": cmd, "CNI_CONTAINERID": "c1", "CNI_IFNAME": "eth0", "CNI_PATH": dir,
+		// No container netns without root; the plugin's own one stands in.
+		"CNI_NETNS": "/proc/self/ns/net", "CNI_NETNS_OVERRIDE": "1",
+		"PODWIRE_PLUMB_TEST": "1",
+	}
 	for k, v := range env {
 		t.Setenv(k, v)
 	}
-	RunDir = t.TempDir()
-	t.Cleanup(func() { RunDir = "/run/podwire"; BuildStamp = "" })
-	return dir, func(stdin string) *Input {
-		got, err := parseInput(cmd, os.Getenv, []byte(stdin))
-		if err != nil {
+	cniplumb.RunDir = t.TempDir()
+	t.Cleanup(func() { cniplumb.RunDir = "/run/podwire"; cniplumb.BuildStamp = "" })
+	return dir, func(stdin string) *cniplumb.Input {
+		in := &cniplumb.Input{Command: cmd, ContainerID: env["CNI_CONTAINERID"], Netns: env["CNI_NETNS"],
+			IfName: env["CNI_IFNAME"], Path: dir, Stdin: []byte(stdin)}
+		if err := json.Unmarshal(in.Stdin, &in.Conf); err != nil {
 			t.Fatalf("parsing input: %v", err)
 		}
-		return got
+		return in
 	}
 }
 
@@ -103,8 +152,8 @@ func TestDelegatorInProcessMatchesExec(t *testing.T) {
 				}
 			}
 			executed := call(Delegator{})
-			BuildStamp = testStamp
-			d := Delegator{Builtin: map[string]Verbs{"plumbtest": testVerbs}, Package: map[string]string{"plumbtest": pkg}}
+			cniplumb.BuildStamp = testStamp
+			d := Delegator{Builtin: map[string]cniplumb.Verbs{"plumbtest": testVerbs}, Package: map[string]string{"plumbtest": pkg}}
 			if !d.InProcess(in, "plumbtest") {
 				t.Fatal("the test binary under its own stamp is not taken as the same build")
 			}
@@ -122,17 +171,17 @@ func TestDelegatorExecutesOtherBuilds(t *testing.T) {
 	pkg := ownPackage(t)
 	dir, input := delegateEnv(t, "ADD")
 	in := input(`{"cniVersion":"1.0.0","name":"n"}`)
-	d := Delegator{Builtin: map[string]Verbs{"plumbtest": testVerbs}, Package: map[string]string{"plumbtest": pkg}}
+	d := Delegator{Builtin: map[string]cniplumb.Verbs{"plumbtest": testVerbs}, Package: map[string]string{"plumbtest": pkg}}
 
-	BuildStamp = ""
+	cniplumb.BuildStamp = ""
 	if d.InProcess(in, "plumbtest") {
 		t.Error("an unstamped build runs plugins in-process")
 	}
-	BuildStamp = fmt.Sprintf("podwire-build:absent-%d", time.Now().UnixNano()) // made at run time: not in the file
+	cniplumb.BuildStamp = fmt.Sprintf("podwire-build:absent-%d", time.Now().UnixNano()) // made at run time: not in the file
 	if d.InProcess(in, "plumbtest") {
 		t.Error("a file without this build's stamp is taken as the same build")
 	}
-	BuildStamp = testStamp
+	cniplumb.BuildStamp = testStamp
 	other := Delegator{Builtin: d.Builtin, Package: map[string]string{"plumbtest": "github.com/podwire/podwire/plugins/ipam/host-local"}}
 	if other.InProcess(in, "plumbtest") {
 		t.Error("a binary of another main package is taken as the plugin")
@@ -140,10 +189,10 @@ func TestDelegatorExecutesOtherBuilds(t *testing.T) {
 	if !d.InProcess(in, "plumbtest") {
 		t.Fatal("the same build is not run in-process")
 	}
-	if b, err := os.ReadFile(filepath.Join(RunDir, "delegate-plumbtest")); err != nil || !strings.HasSuffix(string(b), "\nsame\n") {
+	if b, err := os.ReadFile(filepath.Join(cniplumb.RunDir, "delegate-plumbtest")); err != nil || !strings.HasSuffix(string(b), "\nsame\n") {
 		t.Errorf("verdict cache: %q, %v", b, err)
 	}
-	if (Delegator{Builtin: map[string]Verbs{}}).InProcess(in, "plumbtest") {
+	if (Delegator{Builtin: map[string]cniplumb.Verbs{}}).InProcess(in, "plumbtest") {
 		t.Error("a plugin without builtin verbs runs in-process")
 	}
 

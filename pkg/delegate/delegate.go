@@ -1,4 +1,8 @@
-package cniplumb
+// Package delegate runs delegated plugins (IPAM plugins named in ipam.type): executed
+// from CNI_PATH as invoke.Delegate* does, or, when the file found is podwire's own
+// build of a plugin whose verbs the caller links in, in the caller's process. It is a
+// package of its own so that only plugins that delegate link debug/buildinfo.
+package delegate
 
 import (
 	"bytes"
@@ -14,17 +18,9 @@ import (
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/types"
 	"golang.org/x/sys/unix"
+
+	"github.com/podwire/podwire/pkg/cniplumb"
 )
-
-// BuildStamp identifies the podwire sources a binary was built from. `make build` sets
-// it for every plugin to "podwire-build:" and a hash of the Go sources, go.mod and
-// go.sum (-ldflags "-X github.com/podwire/podwire/pkg/cniplumb.BuildStamp=..."). It is
-// empty in a plain `go build`, and then no plugin runs another in its own process.
-var BuildStamp string
-
-// RunDir holds podwire's small per-boot state (locks, caches); it is a tmpfs on
-// systemd hosts, so nothing in it survives a reboot.
-var RunDir = "/run/podwire"
 
 // Delegator runs a delegated plugin (the IPAM plugin named in ipam.type) as
 // invoke.Delegate* does: the first file of that name in CNI_PATH, with this call's
@@ -33,7 +29,7 @@ var RunDir = "/run/podwire"
 // sameBuild), the verbs run in this process instead: the same code on the same input
 // with the same result and errors, without starting a second process.
 type Delegator struct {
-	Builtin map[string]Verbs
+	Builtin map[string]cniplumb.Verbs
 	// Package is the Go main package each builtin's binary is built from, e.g.
 	// "github.com/podwire/podwire/plugins/ipam/host-local".
 	Package map[string]string
@@ -41,14 +37,14 @@ type Delegator struct {
 
 // Add delegates ADD. The result is in the configuration's cniVersion, as an executed
 // plugin's would be.
-func (d Delegator) Add(ctx context.Context, in *Input, plugin string) (types.Result, error) {
+func (d Delegator) Add(ctx context.Context, in *cniplumb.Input, plugin string) (types.Result, error) {
 	v, ok := d.local(in, plugin)
 	if !ok || v.Add == nil {
 		return invoke.DelegateAdd(ctx, plugin, in.Stdin, nil)
 	}
 	var res types.Result
 	err := runLocal(plugin, func() error {
-		r, err := v.Add(ctx, in.as("ADD"))
+		r, err := v.Add(ctx, as(in, "ADD"))
 		if err != nil {
 			return err
 		}
@@ -67,52 +63,59 @@ func (d Delegator) Add(ctx context.Context, in *Input, plugin string) (types.Res
 }
 
 // Del delegates DEL.
-func (d Delegator) Del(ctx context.Context, in *Input, plugin string) error {
+func (d Delegator) Del(ctx context.Context, in *cniplumb.Input, plugin string) error {
 	v, ok := d.local(in, plugin)
 	if !ok {
 		return invoke.DelegateDel(ctx, plugin, in.Stdin, nil)
 	}
-	return runLocal(plugin, func() error { return orNoop(v.Del)(ctx, in.as("DEL")) })
+	return runLocal(plugin, func() error { return orNoop(v.Del)(ctx, as(in, "DEL")) })
 }
 
 // Check delegates CHECK.
-func (d Delegator) Check(ctx context.Context, in *Input, plugin string) error {
+func (d Delegator) Check(ctx context.Context, in *cniplumb.Input, plugin string) error {
 	v, ok := d.local(in, plugin)
 	if !ok {
 		return invoke.DelegateCheck(ctx, plugin, in.Stdin, nil)
 	}
-	return runLocal(plugin, func() error { return orNoop(v.Check)(ctx, in.as("CHECK")) })
+	return runLocal(plugin, func() error { return orNoop(v.Check)(ctx, as(in, "CHECK")) })
 }
 
 // GC delegates GC.
-func (d Delegator) GC(ctx context.Context, in *Input, plugin string) error {
+func (d Delegator) GC(ctx context.Context, in *cniplumb.Input, plugin string) error {
 	v, ok := d.local(in, plugin)
 	if !ok {
 		return invoke.DelegateGC(ctx, plugin, in.Stdin, nil)
 	}
-	return runLocal(plugin, func() error { return orNoop(v.GC)(ctx, in.as("GC")) })
+	return runLocal(plugin, func() error { return orNoop(v.GC)(ctx, as(in, "GC")) })
 }
 
 // Status delegates STATUS.
-func (d Delegator) Status(ctx context.Context, in *Input, plugin string) error {
+func (d Delegator) Status(ctx context.Context, in *cniplumb.Input, plugin string) error {
 	v, ok := d.local(in, plugin)
 	if !ok {
 		return invoke.DelegateStatus(ctx, plugin, in.Stdin, nil)
 	}
-	return runLocal(plugin, func() error { return orNoop(v.Status)(ctx, in.as("STATUS")) })
+	return runLocal(plugin, func() error { return orNoop(v.Status)(ctx, as(in, "STATUS")) })
 }
 
 // InProcess reports whether plugin would run in this process for in.
-func (d Delegator) InProcess(in *Input, plugin string) bool {
+func (d Delegator) InProcess(in *cniplumb.Input, plugin string) bool {
 	_, ok := d.local(in, plugin)
 	return ok
 }
 
 // as is the input the delegated plugin would parse from the same environment and stdin.
-func (in *Input) as(cmd string) *Input {
+func as(in *cniplumb.Input, cmd string) *cniplumb.Input {
 	c := *in
 	c.Command = cmd
 	return &c
+}
+
+func orNoop(f func(context.Context, *cniplumb.Input) error) func(context.Context, *cniplumb.Input) error {
+	if f == nil {
+		return func(context.Context, *cniplumb.Input) error { return nil }
+	}
+	return f
 }
 
 // runLocal runs a builtin verb the way Main would in its own process: a panic is a
@@ -122,31 +125,31 @@ func runLocal(plugin string, f func() error) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			fmt.Fprintf(os.Stderr, "%s: panic: %v\n%s", plugin, r, debug.Stack())
-			err = types.NewError(CodeInternal, fmt.Sprintf("internal error in %s", plugin),
+			err = types.NewError(cniplumb.CodeInternal, fmt.Sprintf("internal error in %s", plugin),
 				fmt.Sprintf("panic: %v (this is a bug in podwire; the stack trace is on stderr)", r))
 		}
 	}()
 	if e := f(); e != nil {
-		return toCNIError(e)
+		return cniplumb.AsCNIError(e)
 	}
 	return nil
 }
 
-func (d Delegator) local(in *Input, plugin string) (Verbs, bool) {
+func (d Delegator) local(in *cniplumb.Input, plugin string) (cniplumb.Verbs, bool) {
 	v, ok := d.Builtin[plugin]
-	if !ok || BuildStamp == "" {
-		return Verbs{}, false
+	if !ok || cniplumb.BuildStamp == "" {
+		return cniplumb.Verbs{}, false
 	}
 	path, err := invoke.FindInPath(plugin, filepath.SplitList(in.Path))
 	if err != nil {
-		return Verbs{}, false // executing it reports the error
+		return cniplumb.Verbs{}, false // executing it reports the error
 	}
 	return v, sameBuild(path, d.Package[plugin])
 }
 
 // sameBuild reports whether the file at path is an executable built from the same
-// podwire sources (BuildStamp), by the same Go release, as the Go main package pkg. The
-// verdict is cached in RunDir per file identity (device, inode, size, mtime, ctime), so
+// podwire sources (cniplumb.BuildStamp), by the same Go release, as the Go main package pkg. The
+// verdict is cached in cniplumb.RunDir per file identity (device, inode, size, mtime, ctime), so
 // only the first call after the file changed reads it.
 func sameBuild(path, pkg string) bool {
 	var st unix.Stat_t
@@ -154,8 +157,8 @@ func sameBuild(path, pkg string) bool {
 		return false // executing it reports what is wrong
 	}
 	key := fmt.Sprintf("%s %d %d %d %d %d %s %s %s", path, st.Dev, st.Ino, st.Size, st.Mtim.Nano(), st.Ctim.Nano(),
-		BuildStamp, runtime.Version(), pkg)
-	cache := filepath.Join(RunDir, "delegate-"+filepath.Base(path))
+		cniplumb.BuildStamp, runtime.Version(), pkg)
+	cache := filepath.Join(cniplumb.RunDir, "delegate-"+filepath.Base(path))
 	if b, err := os.ReadFile(cache); err == nil {
 		if k, v, ok := strings.Cut(strings.TrimSpace(string(b)), "\n"); ok && k == key {
 			return v == "same"
@@ -166,7 +169,7 @@ func sameBuild(path, pkg string) bool {
 	if same {
 		verdict = "same"
 	}
-	if os.MkdirAll(RunDir, 0o700) == nil {
+	if os.MkdirAll(cniplumb.RunDir, 0o700) == nil {
 		tmp := fmt.Sprintf("%s.%d", cache, os.Getpid())
 		if os.WriteFile(tmp, []byte(key+"\n"+verdict+"\n"), 0o600) == nil {
 			if os.Rename(tmp, cache) != nil {
@@ -179,7 +182,7 @@ func sameBuild(path, pkg string) bool {
 
 func readSameBuild(path, pkg string) bool {
 	b, err := os.ReadFile(path)
-	if err != nil || !bytes.Contains(b, []byte(BuildStamp)) {
+	if err != nil || !bytes.Contains(b, []byte(cniplumb.BuildStamp)) {
 		return false
 	}
 	bi, err := buildinfo.Read(bytes.NewReader(b))
