@@ -159,10 +159,13 @@ func TestHostLocalRequestedIPs(t *testing.T) {
 		t.Errorf("requesting an address outside the ranges: %v", err)
 	}
 	t.Logf("outside every range: %v", err)
-	// The ipRanges capability replaces the configured ranges.
+	// The ipRanges capability's set comes first, then the configured ones (as in the
+	// reference): one address from each.
 	r := h.RT(pod, "eth0", nstest.WithContainerID("r"), nstest.WithCaps(map[string]any{"ipRanges": [][]map[string]string{{{"subnet": "10.79.5.0/24", "rangeStart": "10.79.5.200"}}}}))
-	if got := resultIPs(h.MustAdd(list, r)); got != "10.79.5.200/24 gw 10.79.5.1" {
-		t.Errorf("ipRanges: %s", got)
+	rr := h.MustAdd(list, r)
+	if len(rr.IPs) != 3 || rr.IPs[0].Address.String() != "10.79.5.200/24" ||
+		!strings.HasPrefix(rr.IPs[1].Address.String(), "10.78.0.") || !strings.HasPrefix(rr.IPs[2].Address.String(), "fd78::") {
+		t.Errorf("ipRanges: %s, want 10.79.5.200/24 first, then one address of each configured range set", resultIPs(rr))
 	}
 	for _, rt := range []*libcni.RuntimeConf{a, b, c, d, r} {
 		h.MustDel(list, rt)

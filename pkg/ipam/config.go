@@ -132,24 +132,21 @@ func ParseConf(stdin []byte, cniArgs string) (*Conf, error) {
 		c.Routes = append(c.Routes, r)
 	}
 
-	// Where the ranges come from: the ipRanges capability replaces the configured
-	// ranges; otherwise the legacy top-level range comes first, then "ranges".
+	// Where the ranges come from, in the reference's order: the ipRanges capability's
+	// sets first, then the legacy top-level range, then "ranges".
 	var raw [][]rawRange
 	var keys []string // key prefix for each raw range set
-	if len(n.RuntimeConfig.IPRanges) > 0 {
-		for i, s := range n.RuntimeConfig.IPRanges {
-			raw = append(raw, s)
-			keys = append(keys, fmt.Sprintf("runtimeConfig.ipRanges[%d]", i))
-		}
-	} else {
-		if legacy := n.IPAM.rawRange; legacy != (rawRange{}) {
-			raw = append(raw, []rawRange{legacy})
-			keys = append(keys, "ipam")
-		}
-		for i, s := range n.IPAM.Ranges {
-			raw = append(raw, s)
-			keys = append(keys, fmt.Sprintf("ipam.ranges[%d]", i))
-		}
+	for i, s := range n.RuntimeConfig.IPRanges {
+		raw = append(raw, s)
+		keys = append(keys, fmt.Sprintf("runtimeConfig.ipRanges[%d]", i))
+	}
+	if legacy := n.IPAM.rawRange; legacy != (rawRange{}) {
+		raw = append(raw, []rawRange{legacy})
+		keys = append(keys, "ipam")
+	}
+	for i, s := range n.IPAM.Ranges {
+		raw = append(raw, s)
+		keys = append(keys, fmt.Sprintf("ipam.ranges[%d]", i))
 	}
 	if len(raw) == 0 {
 		return nil, cniplumb.ConfigError("ipam.ranges", `no address ranges are configured; set "ranges": [[{"subnet": "10.22.0.0/16"}]] (or the legacy "subnet")`)

@@ -70,10 +70,11 @@ route {Dst:{IP:192.168.0.0 Mask:ffff0000} GW:10.9.0.1 MTU:0 AdvMSS:0 Priority:0 
 `,
 		},
 		{
-			name:  "ipRanges capability replaces ranges",
+			name:  "ipRanges capability comes before ranges, as in the reference",
 			stdin: conf(`{"ranges":[[{"subnet":"10.1.2.0/24"}]]}`, `"runtimeConfig":{"ipRanges":[[{"subnet":"10.7.0.0/24","rangeStart":"10.7.0.100"}]]}`),
 			want: `network=net1 dataDir=/var/lib/cni/networks resolvConf=""
 set 0: subnet=10.7.0.0/24 start=10.7.0.100 end=10.7.0.254 gw=10.7.0.1
+set 1: subnet=10.1.2.0/24 start=10.1.2.1 end=10.1.2.254 gw=10.1.2.1
 `,
 		},
 		{
