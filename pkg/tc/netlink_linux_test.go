@@ -2,10 +2,12 @@ package tc
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
@@ -42,7 +44,17 @@ func kernelNS(t *testing.T) ns.NetNS {
 				return err
 			}
 		}
-		return nil
+		// The kernel turns the carrier on a moment later (linkwatch); tests that
+		// compare snapshots of the links must not see that happen.
+		for i := 0; i < 200; i++ {
+			h, herr := netlink.LinkByName("h0")
+			p, perr := netlink.LinkByName("p0")
+			if herr == nil && perr == nil && h.Attrs().OperState == netlink.OperUp && p.Attrs().OperState == netlink.OperUp {
+				return nil
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		return fmt.Errorf("veth h0/p0 did not come up within 2 s")
 	})
 	return n
 }
