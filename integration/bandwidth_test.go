@@ -55,7 +55,7 @@ func hostVeth(t *testing.T, h *nstest.H, r *current.Result) string {
 // ifbOf is the IFB bandwidth appended to the result, or "".
 func ifbOf(r *current.Result) string {
 	for _, i := range r.Interfaces {
-		if i.Sandbox == "" && strings.HasPrefix(i.Name, "pwb") {
+		if i.Sandbox == "" && (strings.HasPrefix(i.Name, "pwb") || strings.HasPrefix(i.Name, "bwp")) {
 			return i.Name
 		}
 	}
@@ -341,6 +341,34 @@ func referenceBandwidth(t *testing.T) string {
 		t.Skipf("cannot install the reference bandwidth plugin: %v\n%s", err, out)
 	}
 	return bin
+}
+
+// TestBandwidthDowngradeToReference: a pod shaped by podwire, deleted after the node
+// switched back to the reference bandwidth plugin, leaves nothing behind: its IFB has
+// the name the reference's DEL deletes.
+func TestBandwidthDowngradeToReference(t *testing.T) {
+	h := nstest.New(t)
+	ref := t.TempDir()
+	if err := os.Symlink(referenceBandwidth(t), filepath.Join(ref, "bandwidth")); err != nil {
+		t.Fatal(err)
+	}
+	refCNI := libcni.NewCNIConfigWithCacheDir([]string{ref, h.BinDir}, t.TempDir(), nil)
+	list := bandwidthConf(h)
+	warmUp(t, h, list)
+	before := h.Snapshot()
+	pod := h.NewPod()
+	rt := h.RT(pod, "eth0", withBandwidth(10_000_000, 10_000_000, containerdBurst))
+	ifb := ifbOf(h.MustAdd(list, rt))
+	if !strings.HasPrefix(ifb, "bwp") {
+		t.Fatalf("the pod's IFB is %q, not the reference's name", ifb)
+	}
+	if err := h.DelWith(refCNI, list, rt); err != nil {
+		t.Fatalf("DEL with the reference bandwidth: %v", err)
+	}
+	if out := h.Run(h.HostNS, "ip", "-o", "link", "show", "type", "ifb"); strings.TrimSpace(out) != "" {
+		t.Errorf("IFB left after the reference's DEL:\n%s", out)
+	}
+	requireClean(t, h, before)
 }
 
 // TestBandwidthUpgradeFromReference: a pod shaped by the reference plugin (IFB bwp…,

@@ -37,7 +37,7 @@ func (s *shaper) add(ctx context.Context, in *cniplumb.Input) (types.Result, err
 	if req.Empty() {
 		return prev, nil
 	}
-	plan, err := s.plan(in, req)
+	plan, err := s.plan(ctx, in, req)
 	if err != nil {
 		return nil, err
 	}
@@ -59,8 +59,8 @@ func (s *shaper) add(ctx context.Context, in *cniplumb.Input) (types.Result, err
 	return &res, nil
 }
 
-// plan finds the host veth and sizes the TBFs.
-func (s *shaper) plan(in *cniplumb.Input, req Request) (tc.Plan, error) {
+// plan finds the host veth, picks the IFB's name and sizes the TBFs.
+func (s *shaper) plan(ctx context.Context, in *cniplumb.Input, req Request) (tc.Plan, error) {
 	dev, mtu, err := s.hostVeth(in.Netns, in.IfName)
 	if errors.Is(err, errGone) {
 		return tc.Plan{}, fmt.Errorf("interface %s in %s does not exist: bandwidth must come after the plugin that creates it (bridge, ptp) in the conflist", in.IfName, in.Netns)
@@ -68,35 +68,76 @@ func (s *shaper) plan(in *cniplumb.Input, req Request) (tc.Plan, error) {
 	if err != nil {
 		return tc.Plan{}, err
 	}
-	return planShaping(in.Owner(), req, dev, mtu)
+	ifb, err := s.pickIFB(ctx, in.Owner())
+	if err != nil {
+		return tc.Plan{}, err
+	}
+	return planShaping(in.Owner(), req, dev, ifb, mtu)
 }
 
-// del removes the redirect, the root TBF and the IFB. It succeeds when they, the veth or
-// the netns are gone, and it does not depend on the request being valid, so a DEL after
-// a rejected ADD still succeeds.
+// pickIFB names the attachment's IFB. An IFB the attachment already has keeps its
+// name. A new one gets the reference's name for its container when that is free, so
+// the reference's DEL, which deletes it by name, finds it after a node switches back;
+// podwire's per-interface name when another attachment (a second interface of the pod,
+// or a pod the reference shaped) holds it.
+func (s *shaper) pickIFB(ctx context.Context, o cniplumb.Owner) (string, error) {
+	ref := referenceIFBName(o.Network, o.ContainerID)
+	st, err := s.tc.Observe(ctx, "", ref)
+	if err != nil {
+		return "", err
+	}
+	if st.IFB != nil && ownedBy(st.IFB.Alias, o) {
+		return ref, nil
+	}
+	own, err := ifbName(o)
+	if err != nil {
+		return "", err
+	}
+	if st.IFB == nil {
+		ost, err := s.tc.Observe(ctx, "", own)
+		if err != nil {
+			return "", err
+		}
+		if ost.IFB == nil {
+			return ref, nil
+		}
+	}
+	return own, nil
+}
+
+// del removes the redirect, the root TBF and the IFB: podwire's per-interface name,
+// and the reference's name for the container unless its alias gives it to another
+// attachment (an IFB without podwire's alias is the reference's, from before an
+// upgrade). It succeeds when they, the veth or the netns are gone, and it does not
+// depend on the request being valid, so a DEL after a rejected ADD still succeeds.
 func (s *shaper) del(ctx context.Context, in *cniplumb.Input) error {
 	o := in.Owner()
-	ifb, err := ifbName(o)
+	own, err := ifbName(o)
 	if err != nil {
 		return err
 	}
-	ifbs := []string{ifb, referenceIFBName(o.Network, o.ContainerID)}
+	ref := referenceIFBName(o.Network, o.ContainerID)
+	st, err := s.tc.Observe(ctx, "", ref)
+	if err != nil {
+		return err
+	}
+	var ifbs []string
+	if st.IFB != nil && (!podwireAlias(st.IFB.Alias) || ownedBy(st.IFB.Alias, o)) {
+		ifbs = append(ifbs, ref)
+	}
 	req, perr := parseConf(in.Stdin)
-	if perr == nil && req.Empty() {
-		// No request: the only thing worth a lookup is an IFB left by an ADD that had one
-		// (a runtime that passes different runtimeConfig to DEL).
-		found := false
-		for _, name := range ifbs {
-			st, err := s.tc.Observe(ctx, "", name)
-			if err != nil {
-				return err
-			}
-			found = found || st.IFB != nil
+	if perr == nil && req.Empty() && len(ifbs) == 0 {
+		// No request: the only thing worth more work is an IFB left by an ADD that had
+		// one (a runtime that passes different runtimeConfig to DEL).
+		st, err := s.tc.Observe(ctx, "", own)
+		if err != nil {
+			return err
 		}
-		if !found {
+		if st.IFB == nil {
 			return nil
 		}
 	}
+	ifbs = append(ifbs, own)
 	dev, _, err := s.hostVeth(in.Netns, in.IfName)
 	if err != nil {
 		// Gone, or not a veth (then nothing of ours is on it): the IFBs still go.
@@ -121,7 +162,7 @@ func (s *shaper) check(ctx context.Context, in *cniplumb.Input) error {
 	if req.Empty() {
 		return nil
 	}
-	plan, err := s.plan(in, req)
+	plan, err := s.plan(ctx, in, req)
 	if err != nil {
 		return err
 	}
@@ -141,10 +182,7 @@ func (s *shaper) gc(ctx context.Context, in *cniplumb.Input) error {
 	if err != nil {
 		return err
 	}
-	stale, err := planGC(ifbs, in.Conf.Name, in.ValidAttachments)
-	if err != nil {
-		return err
-	}
+	stale := planGC(ifbs, in.Conf.Name, in.ValidAttachments)
 	var errs []error
 	for _, r := range stale {
 		if err := s.tc.Remove(ctx, r); err != nil {

@@ -31,6 +31,6 @@ func FuzzParseConf(f *testing.F) {
 		if req.Empty() {
 			return
 		}
-		_, _ = planShaping(owner, req, "veth0", int(mtu))
+		_, _ = planShaping(owner, req, "veth0", "bwp0123456789ab", int(mtu))
 	})
 }

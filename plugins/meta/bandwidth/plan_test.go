@@ -14,11 +14,11 @@ var owner = cniplumb.Owner{Network: "k8s-pod-network", ContainerID: "0123456789a
 
 func TestPlanShaping(t *testing.T) {
 	req := Request{Ingress: Direction{10_000_000, 4294967295}, Egress: Direction{100_000_000, 0}}
-	p, err := planShaping(owner, req, "veth1234", 1500)
+	ifb := referenceIFBName(owner.Network, owner.ContainerID)
+	p, err := planShaping(owner, req, "veth1234", ifb, 1500)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ifb, _ := ifbName(owner)
 	want := strings.ReplaceAll(`dev veth1234 root 1: tbf rate 10000000bit burst 62500B limit 25000B peakrate 20000000bit maxpacket 6250B
 ifb IFB mtu 1500 alias "podwire:k8s-pod-network/0123456789abcdef/eth0 dev=veth1234"
 dev IFB root 1: tbf rate 100000000bit burst 250000B limit 250000B peakrate 200000000bit maxpacket 62500B
@@ -28,7 +28,7 @@ dev veth1234 ingress pref 65000 u32 match all action mirred egress redirect dev 
 		t.Errorf("(-want +got):\n%s", d)
 	}
 
-	p, _ = planShaping(owner, Request{Egress: Direction{1_000_000, 0}}, "veth1234", 9000)
+	p, _ = planShaping(owner, Request{Egress: Direction{1_000_000, 0}}, "veth1234", ifb, 9000)
 	if p.Ingress != nil || p.Egress == nil || p.MTU != 9000 || p.Egress.MaxPacket != 9018 {
 		t.Errorf("egress-only plan at MTU 9000: %s", p)
 	}
@@ -66,34 +66,36 @@ func TestAlias(t *testing.T) {
 }
 
 func TestPlanGC(t *testing.T) {
-	o := func(net, id string) cniplumb.Owner {
-		return cniplumb.Owner{Network: net, ContainerID: id, IfName: "eth0"}
+	o := func(net, id, ifname string) cniplumb.Owner {
+		return cniplumb.Owner{Network: net, ContainerID: id, IfName: ifname}
 	}
-	ifb := func(ow cniplumb.Owner) tc.IFB {
+	refNamed := func(ow cniplumb.Owner) tc.IFB {
+		return tc.IFB{Name: referenceIFBName(ow.Network, ow.ContainerID), Alias: aliasFor(ow, "veth-"+ow.ContainerID)}
+	}
+	ownNamed := func(ow cniplumb.Owner) tc.IFB {
 		n, _ := ifbName(ow)
-		return tc.IFB{Name: n, Alias: aliasFor(ow, "veth-"+ow.ContainerID)}
+		return tc.IFB{Name: n, Alias: aliasFor(ow, "veth-"+ow.ContainerID+"-"+ow.IfName)}
 	}
-	live, dead, other := o("net", "live"), o("net", "dead"), o("other", "dead")
+	live, dead, other := o("net", "live", "eth0"), o("net", "dead", "eth0"), o("other", "dead", "eth0")
+	live1, dead1 := o("net", "live", "net1"), o("net", "dead", "net1")
 	ifbs := []tc.IFB{
-		ifb(live), ifb(dead), ifb(other),
+		refNamed(live), refNamed(dead), refNamed(other), ownNamed(live1), ownNamed(dead1),
 		{Name: "ifb0"}, // the kernel's own
 		{Name: "pwb000000000000", Alias: "someone"},       // our prefix, not our alias
 		{Name: "bwp123456789012", Alias: ""},              // the reference's
 		{Name: "pwb111111111111", Alias: "podwire:net/x"}, // ours, network net, unlisted
 	}
-	got, err := planGC(ifbs, "net", cniplumb.Owners{live: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := planGC(ifbs, "net", cniplumb.Owners{live: true, live1: true})
 	want := []tc.Removal{
-		{Dev: "veth-dead", IFBs: []string{ifb(dead).Name}, OnlyIfRedirected: true},
+		{Dev: "veth-dead", IFBs: []string{refNamed(dead).Name}, OnlyIfRedirected: true},
+		{Dev: "veth-dead-net1", IFBs: []string{ownNamed(dead1).Name}, OnlyIfRedirected: true},
 		{IFBs: []string{"pwb111111111111"}, OnlyIfRedirected: true},
 	}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("(-want +got):\n%s", d)
 	}
-	// pwb111111111111 is no owner's name, so it stays garbage whatever is listed.
-	if got, _ := planGC(ifbs, "net", cniplumb.Owners{live: true, dead: true}); len(got) != 1 {
+	// pwb111111111111 names no complete attachment, so it stays garbage whatever is listed.
+	if got := planGC(ifbs, "net", cniplumb.Owners{live: true, live1: true, dead: true, dead1: true}); len(got) != 1 {
 		t.Errorf("with every attachment valid, GC picks %v", got)
 	}
 }

@@ -92,7 +92,7 @@ func TestVerbsLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ifb, _ := ifbName(cniplumb.Owner{Network: "net", ContainerID: "c-p1", IfName: "eth0"})
+	ifb := referenceIFBName("net", "c-p1") // the first interface of a pod gets the reference's name
 	r := res.(*current.Result)
 	if len(r.Interfaces) != 3 || r.Interfaces[2].Name != ifb || r.Interfaces[2].Sandbox != "" || r.Interfaces[2].Mac == "" {
 		t.Errorf("result interfaces: %+v", r.Interfaces)
@@ -308,7 +308,7 @@ func TestGCExact(t *testing.T) {
 	for _, i := range ifbs {
 		names = append(names, i.Name)
 	}
-	p2, _ := ifbName(cniplumb.Owner{Network: "net", ContainerID: "c-p2", IfName: "eth0"})
+	p2 := referenceIFBName("net", "c-p2")
 	if strings.Join(names, " ") != strings.Join(sortedPair("ifb0", p2), " ") {
 		t.Errorf("IFBs after GC: %v, want ifb0 and %s", names, p2)
 	}
@@ -319,4 +319,42 @@ func sortedPair(a, b string) []string {
 		return []string{a, b}
 	}
 	return []string{b, a}
+}
+
+// TestReferenceNamedIFB: a pod's first interface gets the reference plugin's IFB name
+// (so the reference's DEL removes it after a switch back); when the reference already
+// made that IFB for the container, podwire uses its own name and DEL removes both.
+func TestReferenceNamedIFB(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld()
+	w.pod("/run/netns/p1", "eth0", "veth1")
+	w.pod("/run/netns/p2", "eth0", "veth2")
+	ref1, ref2 := referenceIFBName("net", "c-p1"), referenceIFBName("net", "c-p2")
+	own2, _ := ifbName(cniplumb.Owner{Network: "net", ContainerID: "c-p2", IfName: "eth0"})
+	w.fake.AddLink(ref2, "ifb", 1500) // left by the reference plugin: no alias
+	initial := w.fake.Dump()
+
+	for _, p := range []string{"p1", "p2"} {
+		if _, err := w.s.add(ctx, input("ADD", p, "eth0", bw10)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dump := w.fake.Dump()
+	if !strings.Contains(dump, ref1+` ifb mtu 1500 up alias "podwire:net/c-p1/eth0`) {
+		t.Errorf("p1's IFB is not %s:\n%s", ref1, dump)
+	}
+	if !strings.Contains(dump, own2+` ifb mtu 1500 up alias "podwire:net/c-p2/eth0`) || !strings.Contains(dump, "veth2 veth mtu 1500 up root tbf") {
+		t.Errorf("p2 (reference IFB present) is not shaped through %s:\n%s", own2, dump)
+	}
+	// The reference's DEL for p1 deletes its IFB by name: what it finds is podwire's.
+	w.fake.DelLink(ref1)
+	for _, p := range []string{"p1", "p2"} {
+		if err := w.s.del(ctx, input("DEL", p, "eth0", bw10)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := strings.Replace(initial, ref2+" ifb mtu 1500 up\n", "", 1)
+	if got := w.fake.Dump(); got != want {
+		t.Errorf("after DEL:\n%s\nwant:\n%s", got, want)
+	}
 }
