@@ -9,12 +9,16 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/podwire/podwire/pkg/link"
 )
 
 // Netlink is the kernel Backend. It works in the network namespace of the handle it was
 // given (the calling thread's for a zero handle).
 type Netlink struct {
 	h *netlink.Handle
+	// detach deletes IFBs through link.DeleteDetached (see NewDetachingNetlink).
+	detach bool
 }
 
 var _ Backend = (*Netlink)(nil)
@@ -26,6 +30,15 @@ func NewNetlink(h *netlink.Handle) *Netlink {
 		h = &netlink.Handle{}
 	}
 	return &Netlink{h: h}
+}
+
+// NewDetachingNetlink is NewNetlink(nil) whose Remove returns once an IFB has left the
+// namespace and leaves the kernel's wait for its memory (~15 ms) to a helper process
+// (link.DeleteDetached; the plugin's main must call link.RunHelper first).
+func NewDetachingNetlink() *Netlink {
+	n := NewNetlink(nil)
+	n.detach = true
+	return n
 }
 
 // ingressHook is the ffff: handle both the ingress and the clsact qdisc use.
@@ -305,7 +318,13 @@ func (n *Netlink) removeEgress(dev netlink.Link, names []string, byPrio bool) (f
 		errs = append(errs, rerrs...)
 	}
 	for _, l := range ifbs {
-		if err := n.h.LinkDel(l); err != nil && !isNotFound(err) {
+		var err error
+		if n.detach {
+			err = link.DeleteDetached("", l.Attrs().Name)
+		} else if err = n.h.LinkDel(l); isNotFound(err) {
+			err = nil
+		}
+		if err != nil {
 			errs = append(errs, fmt.Errorf("deleting IFB %s: %w", l.Attrs().Name, err))
 		}
 	}

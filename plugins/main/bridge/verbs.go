@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/netip"
 
@@ -50,9 +51,10 @@ func del(ctx context.Context, in *cniplumb.Input) error {
 		go func() { ipamDone <- ipamPlugins.Del(ctx, in, c.IPAMType) }()
 	}
 	if in.Netns != "" {
-		err := ns.WithNetNSPath(in.Netns, func(ns.NetNS) error { return link.DeleteByName(in.IfName) })
-		var gone ns.NSPathNotExistErr
-		if err != nil && !errors.As(err, &gone) {
+		// Deleting the pod interface deletes its host peer too. DEL returns once both
+		// have left their namespaces; a helper process waits out the kernel's freeing.
+		err := link.DeleteDetached(in.Netns, in.IfName)
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("deleting %s in %s: %w", in.IfName, in.Netns, err))
 		}
 	}
