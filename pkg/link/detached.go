@@ -12,15 +12,19 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/podwire/podwire/pkg/forkchild"
 )
 
 // Deleting a link takes the kernel two steps. The link leaves its namespace at once
 // (its name and index are free, nothing can reach it), then the deleting task waits
 // in rcu_barrier() for the link's memory to be freable: ~15-20 ms on a small VM, in
-// which the deleting process can neither return nor exit. DeleteDetached lets a
-// helper process (this executable, re-run with helperEnv) take that wait.
+// which the deleting process can neither return nor exit. DeleteDetached lets another
+// process take that wait: a forked child that only sends the request (forkDelete), or,
+// where that cannot run, this executable re-run as a helper (helperEnv).
 
 // helperEnv makes a podwire binary delete one link and exit (RunHelper).
 const helperEnv = "PODWIRE_LINK_DELETE"
@@ -99,16 +103,66 @@ func DeleteDetached(nsPath, name string) error {
 		return fmt.Errorf("looking up %s: %w", name, err)
 	}
 	index := l.Attrs().Index
-	if err := startHelper(nsh, index, name, func() bool {
+	gone := func() bool {
 		_, err := h.LinkByIndex(index)
 		return IsNotFound(err)
-	}); err == nil {
+	}
+	if waitGone(forkDelete(nsh, index), gone) == nil {
+		return nil
+	}
+	if err := startHelper(nsh, index, name, gone); err == nil {
 		return nil
 	}
 	if err := h.LinkDel(l); err != nil && !IsNotFound(err) {
 		return fmt.Errorf("deleting %s: %w", name, err)
 	}
 	return nil
+}
+
+// waitGone waits until gone reports the link has left its namespace, after the
+// forked child was started (started = nil). The child cannot report errors; if the
+// link is still there after a second, the caller deletes it itself (a late child then
+// finds nothing to delete).
+func waitGone(started error, gone func() bool) error {
+	if started != nil {
+		return started
+	}
+	deadline := time.Now().Add(time.Second)
+	for !gone() {
+		if time.Now().After(deadline) {
+			return errors.New("the link is still there a second after the forked deletion")
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	return nil
+}
+
+// forkDelete sends RTM_DELLINK for index, on a netlink socket in nsh, from a forked
+// child (forkchild.Send) that exits once the kernel is done; it returns as soon as
+// the child exists.
+func forkDelete(nsh netns.NsHandle, index int) error {
+	fd, err := netlinkSocketIn(nsh)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd) // the child has its own copy
+	req := nl.NewNetlinkRequest(unix.RTM_DELLINK, 0)
+	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
+	msg.Index = int32(index)
+	req.AddData(msg)
+	return forkchild.Send(fd, req.Serialize())
+}
+
+// netlinkSocketIn opens a NETLINK_ROUTE socket in nsh (a socket belongs to the
+// namespace it was created in).
+func netlinkSocketIn(nsh netns.NsHandle) (int, error) {
+	var fd int
+	err := inNetns(nsh, func() error {
+		var err error
+		fd, err = unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
+		return err
+	})
+	return fd, err
 }
 
 // startHelper runs the helper for link index and waits until gone reports the link
@@ -162,38 +216,40 @@ func startHelper(nsh netns.NsHandle, index int, name string, gone func() bool) e
 // namespace file (/run/netns/..., the runtime's), the runtime's unmount right after
 // DEL would fail with EBUSY. A /proc descriptor pins the namespace, not that mount.
 func procNetnsFD(nsh netns.NsHandle) (int, error) {
-	type result struct {
-		fd  int
-		err error
-	}
-	ch := make(chan result, 1)
+	var fd int
+	err := inNetns(nsh, func() error {
+		var err error
+		fd, err = unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		return err
+	})
+	return fd, err
+}
+
+// inNetns runs f on a thread switched into nsh, and switches it back. A thread that
+// cannot be switched back is not reused: its goroutine ends with it locked.
+func inNetns(nsh netns.NsHandle, f func() error) error {
+	ch := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
 		orig, err := netns.Get()
 		if err != nil {
 			runtime.UnlockOSThread()
-			ch <- result{-1, err}
+			ch <- err
 			return
 		}
 		defer orig.Close()
 		if err := netns.Set(nsh); err != nil {
 			runtime.UnlockOSThread()
-			ch <- result{-1, err}
+			ch <- err
 			return
 		}
-		fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if rerr := netns.Set(orig); rerr != nil {
-			// The thread stays locked and dies with this goroutine: it is in the wrong
-			// namespace.
-			if err == nil {
-				unix.Close(fd)
-			}
-			ch <- result{-1, fmt.Errorf("returning to the original namespace: %w", rerr)}
+		ferr := f()
+		if err := netns.Set(orig); err != nil {
+			ch <- fmt.Errorf("returning to the original namespace: %w", err)
 			return
 		}
 		runtime.UnlockOSThread()
-		ch <- result{fd, err}
+		ch <- ferr
 	}()
-	r := <-ch
-	return r.fd, r.err
+	return <-ch
 }

@@ -27,42 +27,60 @@ func del(ctx context.Context, in *cniplumb.Input) error {
 		return err
 	}
 	owner := in.Owner()
-	var errs []error
+	// The steps are independent (rules are found by owner, the lease by attachment),
+	// so they run at once; errors are reported in this order. The lease is released
+	// while the veth is deleted; the reference releases it first.
+	var steps []chan error
+	step := func(f func() error) {
+		ch := make(chan error, 1)
+		steps = append(steps, ch)
+		go func() { ch <- f() }()
+	}
 	if c.raw.IPMasq && c.Layer3 {
 		// Both layouts, as the reference does: the pod may have been made by the
 		// reference plugin or with another ipMasqBackend. The addresses in prevResult
 		// keep ip6tables out of it for an IPv4-only pod.
-		if err := netfilter.RemoveMasq(ctx, owner, prevAddrs(in.PrevResult)); err != nil {
-			errs = append(errs, fmt.Errorf("removing ipMasq rules of %s: %w", owner, err))
-		}
+		step(func() error {
+			if err := netfilter.RemoveMasq(ctx, owner, prevAddrs(in.PrevResult)); err != nil {
+				return fmt.Errorf("removing ipMasq rules of %s: %w", owner, err)
+			}
+			return nil
+		})
 	}
 	if c.raw.MacSpoofChk {
-		if err := netfilter.NewNFTables().Remove(ctx, netfilter.MacSpoofFeature, netfilter.IDOf(owner), netfilter.All); err != nil {
-			errs = append(errs, fmt.Errorf("removing macspoofchk rules of %s: %w", owner, err))
-		}
-	}
-	// The lease is released while the kernel deletes the veth (an RCU grace period,
-	// most of DEL's time); the reference releases it first too. The rules go before the
-	// veth: during that grace period the freeing of the deleted rules completes, so the
-	// process does not wait for it again when its nf_tables socket closes at exit.
-	var ipamDone chan error
-	if c.Layer3 {
-		ipamDone = make(chan error, 1)
-		go func() { ipamDone <- ipamPlugins.Del(ctx, in, c.IPAMType) }()
+		step(func() error {
+			if err := netfilter.NewNFTables().Remove(ctx, netfilter.MacSpoofFeature, netfilter.IDOf(owner), netfilter.All); err != nil {
+				return fmt.Errorf("removing macspoofchk rules of %s: %w", owner, err)
+			}
+			return nil
+		})
 	}
 	if in.Netns != "" {
 		// Deleting the pod interface deletes its host peer too. DEL returns once both
-		// have left their namespaces; a helper process waits out the kernel's freeing.
-		err := link.DeleteDetached(in.Netns, in.IfName)
-		if err != nil && !errors.Is(err, fs.ErrNotExist) {
-			errs = append(errs, fmt.Errorf("deleting %s in %s: %w", in.IfName, in.Netns, err))
-		}
+		// have left their namespaces; a forked child waits out the kernel's freeing.
+		step(func() error {
+			err := link.DeleteDetached(in.Netns, in.IfName)
+			if err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("deleting %s in %s: %w", in.IfName, in.Netns, err)
+			}
+			return nil
+		})
 	}
-	if ipamDone != nil {
-		if err := <-ipamDone; err != nil {
-			errs = append(errs, fmt.Errorf("IPAM plugin %q: %w", c.IPAMType, err))
-		}
+	if c.Layer3 {
+		step(func() error {
+			if err := ipamPlugins.Del(ctx, in, c.IPAMType); err != nil {
+				return fmt.Errorf("IPAM plugin %q: %w", c.IPAMType, err)
+			}
+			return nil
+		})
 	}
+	var errs []error
+	for _, ch := range steps {
+		errs = append(errs, <-ch)
+	}
+	// Closing an nf_tables socket that deleted rules waits for the kernel to free them
+	// (~7 ms); a child holds the sockets until that is over.
+	netfilter.DetachSockets()
 	return errors.Join(errs...)
 }
 

@@ -5,19 +5,12 @@
 package main
 
 import (
-	"io"
-	"os"
-
 	"github.com/podwire/podwire/pkg/cniplumb"
 	"github.com/podwire/podwire/pkg/netfilter"
 )
 
 func main() {
-	if os.Getenv(releaseEnv) == "1" {
-		// The socket-holding child of detachNetfilterSockets: wait for the parent to exit.
-		_, _ = io.Copy(io.Discard, os.Stdin)
-		return
-	}
+	netfilter.RunSocketHolder() // the child of netfilter.DetachSockets, when it is one
 	pm := &portmap{
 		open:       netfilter.OpenHostPorts,
 		probe:      netfilter.ProbeHost,
@@ -26,7 +19,7 @@ func main() {
 		localnet:   localnet{dir: defaultStateDir, proc: "/proc/sys/net/ipv4/conf"},
 		flushUDP:   flushUDP,
 		logf:       stderrf,
-		detach:     detachNetfilterSockets,
+		detach:     netfilter.DetachSockets,
 	}
 	cniplumb.Main("portmap", cniplumb.Verbs{Add: pm.add, Del: pm.del, Check: pm.check, GC: pm.gc, Status: pm.status})
 }

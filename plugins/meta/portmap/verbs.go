@@ -26,7 +26,7 @@ type portmap struct {
 	flushUDP func(ipv6 bool, ports []uint16) error
 	logf     func(format string, a ...any)
 	// detach hands the process's nfnetlink sockets to a short-lived child, so exiting
-	// does not wait for the kernel to free deleted rules (see detach_linux.go).
+	// does not wait for the kernel to free deleted rules (netfilter.DetachSockets).
 	detach func()
 }
 

@@ -1,7 +1,8 @@
-package main
+package netfilter
 
 import (
 	"bufio"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,25 +11,44 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/podwire/podwire/pkg/forkchild"
 )
 
 // releaseEnv makes the binary wait for EOF on stdin and exit: the fallback child of
-// detachNetfilterSockets when no `cat` is installed.
+// DetachSockets when no `cat` is installed (see RunSocketHolder).
 const releaseEnv = "PODWIRE_PORTMAP_RELEASE"
 
-// detachNetfilterSockets hands every NETLINK_NETFILTER socket of this process to a
-// short-lived child, so that this process can exit without waiting.
+// RunSocketHolder makes this process the socket-holding child of DetachSockets when it
+// was started as one: it waits for its parent to exit, then exits. Plugins that call
+// DetachSockets call it first thing in main.
+func RunSocketHolder() {
+	if os.Getenv(releaseEnv) == "1" {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		os.Exit(0)
+	}
+}
+
+// DetachSockets hands every NETLINK_NETFILTER socket of this process to a short-lived
+// child, so that this process can exit without waiting. Call it after the process's
+// last netfilter call.
 //
 // Why: nf_tables frees deleted rules after an RCU grace period, in a work item; the
 // release of *any* nfnetlink socket waits for that work to finish
 // (nft_rcv_nl_event -> nf_tables_trans_destroy_flush_work). A DEL that has just deleted
 // rules would otherwise pay one grace period (~10 ms) at exit, when its socket closes,
 // though its rules are already gone (the batch was acknowledged). The child holds the
-// last reference to the sockets and pays the wait instead, off the runtime's path.
+// last reference to the sockets and pays the wait instead, off the runtime's path; it
+// exits after this process.
 // Nothing depends on the child: if it cannot start, the wait simply stays here.
-func detachNetfilterSockets() {
+func DetachSockets() {
 	fds := netfilterSocketFDs()
 	if len(fds) == 0 {
+		return
+	}
+	// A forked child (no exec) holds them; where that cannot run, `cat` (or this
+	// binary, see RunSocketHolder) on a pipe.
+	if forkchild.Hold(fds) == nil {
 		return
 	}
 	var files []*os.File
