@@ -4,8 +4,8 @@
 // into the Go runtime (allocate, grow the stack, schedule), which is not usable in a
 // forked copy of a multi-threaded process, so each child program is written out here.
 //
-// Common to both programs: all signals are blocked across the fork (none is ever
-// handled in the child), the child first closes every descriptor it does not need (the
+// Common to both programs: the runtime's fork hooks block all signals across the fork
+// (none is ever handled in the child) and make any stack growth in the child fatal, the child first closes every descriptor it does not need (the
 // runtime reading the plugin's stdout must see EOF when the plugin exits, and an open
 // namespace file would keep its bind mount busy), and the child is reaped by whoever
 // inherits it when the plugin exits.
@@ -23,22 +23,32 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Supported reports whether the kernel has close_range(2) (Linux 5.9), which the
-// children need to drop descriptors without a loop; an inverted range is EINVAL where
-// it exists.
+// Supported reports whether the kernel lets a child drop descriptors with
+// close_range(2) (Linux 5.9, and not refused by a seccomp policy): closing the empty
+// range at the very top succeeds exactly then.
 func Supported() bool {
-	_, _, e := syscall.RawSyscall(unix.SYS_CLOSE_RANGE, 1, 0, 0)
-	return e != syscall.ENOSYS
+	_, _, e := syscall.RawSyscall(unix.SYS_CLOSE_RANGE, uintptr(^uint32(0)), uintptr(^uint32(0)), 0)
+	return e == 0
 }
 
+// The runtime's own fork hooks, as package syscall uses them around fork: signals
+// blocked, and the goroutine's stack guard spoiled so that any attempt to grow the
+// stack in the child crashes it instead of entering the scheduler.
+//
+//go:linkname runtimeBeforeFork syscall.runtime_BeforeFork
+func runtimeBeforeFork()
+
+//go:linkname runtimeAfterFork syscall.runtime_AfterFork
+func runtimeAfterFork()
+
 // Send forks a child that writes msg to fd (a netlink socket, say, whose kernel side
-// blocks the writer until the request is done) and exits. It returns once the child
-// exists; the child cannot report how the write went.
-func Send(fd int, msg []byte) error {
+// blocks the writer until the request is done) and exits. It returns the child's pid
+// once the child exists; the child cannot report how the write went.
+func Send(fd int, msg []byte) (int, error) {
 	if len(msg) == 0 {
-		return errors.New("forkchild: empty message")
+		return 0, errors.New("forkchild: empty message")
 	}
-	return fork([]int{fd}, fd, uintptr(unsafe.Pointer(&msg[0])), uintptr(len(msg)), -1)
+	return fork([]int{fd}, fd, msg, -1)
 }
 
 // holdPipe is the write end of Hold's pipe: open until this process exits.
@@ -51,32 +61,41 @@ func Hold(fds []int) error {
 	if holdPipe != nil {
 		return errors.New("forkchild: Hold called twice")
 	}
-	r, w, err := os.Pipe()
-	if err != nil {
+	p := make([]int, 2)
+	if err := unix.Pipe2(p, unix.O_CLOEXEC); err != nil { // blocking: the child waits on it
 		return err
 	}
-	defer r.Close()
-	rfd := int(r.Fd())
-	keep := append(slices.Clone(fds), rfd)
-	var b [1]byte
-	if err := fork(keep, -1, 0, 0, rfd, &b); err != nil {
-		w.Close()
+	defer unix.Close(p[0])
+	keep := append(slices.Clone(fds), p[0])
+	if _, err := fork(keep, -1, nil, p[0]); err != nil {
+		unix.Close(p[1])
 		return err
 	}
-	holdPipe = w
+	holdPipe = os.NewFile(uintptr(p[1]), "forkchild-hold")
 	return nil
 }
 
-// fork starts the child: it closes every descriptor not in keep, writes n bytes at
-// ptr to writeFD (if >= 0), reads one byte from readFD (if >= 0; EOF when the parent
-// has exited), and exits.
+// waitReap reaps the child pid if it has exited, and reports whether it had.
+func waitReap(pid int) bool {
+	var ws unix.WaitStatus
+	got, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil)
+	return err == nil && got == pid
+}
+
+// Exited reports whether the child pid (from Send) has exited, and reaps it then.
+func Exited(pid int) bool { return waitReap(pid) }
+
+// fork starts the child: it closes every descriptor not in keep, writes msg to writeFD
+// (if >= 0), reads one byte from readFD (if >= 0; EOF once every writer, this process
+// included, is gone), and exits. Between the fork and the child's exit only nosplit
+// raw system calls run, on memory allocated before the fork.
 //
 //go:norace
 //go:nocheckptr
 //go:noinline
-func fork(keep []int, writeFD int, ptr, n uintptr, readFD int, buf ...*[1]byte) error {
+func fork(keep []int, writeFD int, msg []byte, readFD int) (int, error) {
 	if !Supported() {
-		return errors.New("forkchild: close_range(2) is missing")
+		return 0, errors.New("forkchild: close_range(2) is not available")
 	}
 	// The ranges to close, computed before the fork: [lo, hi] pairs around keep.
 	slices.Sort(keep)
@@ -84,7 +103,7 @@ func fork(keep []int, writeFD int, ptr, n uintptr, readFD int, buf ...*[1]byte) 
 	lo := uintptr(0)
 	for _, k := range keep {
 		if k < 0 {
-			return fmt.Errorf("forkchild: bad descriptor %d", k)
+			return 0, fmt.Errorf("forkchild: bad descriptor %d", k)
 		}
 		if uintptr(k) > lo {
 			ranges = append(ranges, lo, uintptr(k)-1)
@@ -92,41 +111,39 @@ func fork(keep []int, writeFD int, ptr, n uintptr, readFD int, buf ...*[1]byte) 
 		lo = uintptr(k) + 1
 	}
 	ranges = append(ranges, lo, uintptr(^uint32(0)))
-	var rb uintptr
-	if readFD >= 0 {
-		if len(buf) == 0 || buf[0] == nil {
-			return errors.New("forkchild: no read buffer")
-		}
-		rb = uintptr(unsafe.Pointer(&buf[0][0]))
+	rbuf := make([]byte, 1) // on the heap: a stack may move, the heap does not
+	var wp, wn uintptr
+	if len(msg) > 0 {
+		wp, wn = uintptr(unsafe.Pointer(&msg[0])), uintptr(len(msg))
 	}
+	rp := uintptr(unsafe.Pointer(&rbuf[0]))
+	nr := len(ranges)
 
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	all := ^uint64(0)
-	var old uint64
-	if _, _, e := syscall.RawSyscall6(syscall.SYS_RT_SIGPROCMASK, unix.SIG_SETMASK,
-		uintptr(unsafe.Pointer(&all)), uintptr(unsafe.Pointer(&old)), 8, 0, 0); e != 0 {
-		return e
-	}
+	runtimeBeforeFork()
 	pid, _, e := syscall.RawSyscall6(syscall.SYS_CLONE, uintptr(syscall.SIGCHLD), 0, 0, 0, 0, 0)
 	if e == 0 && pid == 0 {
-		// The child: raw system calls only.
-		for i := 0; i+1 < len(ranges); i += 2 {
+		// The child: raw system calls only; it never returns.
+		for i := 0; i+1 < nr; i += 2 {
 			syscall.RawSyscall(unix.SYS_CLOSE_RANGE, ranges[i], ranges[i+1], 0)
 		}
 		if writeFD >= 0 {
-			syscall.RawSyscall(syscall.SYS_WRITE, uintptr(writeFD), ptr, n)
+			syscall.RawSyscall(syscall.SYS_WRITE, uintptr(writeFD), wp, wn)
 		}
 		if readFD >= 0 {
-			syscall.RawSyscall(syscall.SYS_READ, uintptr(readFD), rb, 1)
+			syscall.RawSyscall(syscall.SYS_READ, uintptr(readFD), rp, 1)
 		}
-		syscall.RawSyscall(syscall.SYS_EXIT_GROUP, 0, 0, 0)
+		for {
+			syscall.RawSyscall(syscall.SYS_EXIT_GROUP, 0, 0, 0)
+		}
 	}
-	syscall.RawSyscall6(syscall.SYS_RT_SIGPROCMASK, unix.SIG_SETMASK, uintptr(unsafe.Pointer(&old)), 0, 8, 0, 0)
+	runtimeAfterFork()
 	runtime.KeepAlive(ranges)
-	runtime.KeepAlive(buf)
+	runtime.KeepAlive(msg)
+	runtime.KeepAlive(rbuf)
 	if e != 0 {
-		return fmt.Errorf("forkchild: fork: %w", e)
+		return 0, fmt.Errorf("forkchild: fork: %w", e)
 	}
-	return nil
+	return int(pid), nil
 }

@@ -50,7 +50,7 @@ func TestSend(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer or.Close()
-	if err := Send(int(w.Fd()), []byte("hello")); err != nil {
+	if _, err := Send(int(w.Fd()), []byte("hello")); err != nil {
 		t.Fatal(err)
 	}
 	w.Close()

@@ -74,10 +74,13 @@ func runHelper(v string) error {
 	return nil
 }
 
-// DeleteDetached deletes the link name in the namespace nsPath ("" for this thread's)
-// and returns once it has left the namespace, leaving the kernel's wait for its memory
-// to a helper process. A missing link is success. If the helper cannot be started or
-// fails, the link is deleted here, waiting as DeleteByName does.
+// DeleteDetached deletes the link name in the namespace nsPath ("" for the calling
+// thread's: the process's own, since podwire switches namespaces only on locked
+// threads) and returns once it has left the namespace, leaving the kernel's wait for
+// its memory to a child process. A missing link is success. If no child can do it,
+// the link is deleted here, waiting as DeleteByName does. The child of a plugin that
+// exits first is reaped by whoever inherits it (init, or the runtime if it is a
+// subreaper).
 func DeleteDetached(nsPath, name string) error {
 	var nsh netns.NsHandle
 	var err error
@@ -107,7 +110,7 @@ func DeleteDetached(nsPath, name string) error {
 		_, err := h.LinkByIndex(index)
 		return IsNotFound(err)
 	}
-	if waitGone(forkDelete(nsh, index), gone) == nil {
+	if pid, err := forkDelete(nsh, index); err == nil && waitGone(pid, gone) == nil {
 		return nil
 	}
 	if err := startHelper(nsh, index, name, gone); err == nil {
@@ -120,30 +123,34 @@ func DeleteDetached(nsPath, name string) error {
 }
 
 // waitGone waits until gone reports the link has left its namespace, after the
-// forked child was started (started = nil). The child cannot report errors; if the
-// link is still there after a second, the caller deletes it itself (a late child then
-// finds nothing to delete).
-func waitGone(started error, gone func() bool) error {
-	if started != nil {
-		return started
-	}
-	deadline := time.Now().Add(time.Second)
+// forked child pid sent the deletion. If the child has exited and the link is still
+// there, the deletion failed (the child cannot say why): the caller deletes it itself.
+func waitGone(pid int, gone func() bool) error {
+	deadline := time.Now().Add(10 * time.Second)
+	pause := 50 * time.Microsecond
 	for !gone() {
-		if time.Now().After(deadline) {
-			return errors.New("the link is still there a second after the forked deletion")
+		if forkchild.Exited(pid) {
+			if gone() {
+				return nil
+			}
+			return errors.New("the forked deletion did not delete it")
 		}
-		time.Sleep(100 * time.Microsecond)
+		if time.Now().After(deadline) {
+			return errors.New("the link is still there 10 s after the forked deletion")
+		}
+		time.Sleep(pause)
+		pause = min(2*pause, 2*time.Millisecond)
 	}
 	return nil
 }
 
 // forkDelete sends RTM_DELLINK for index, on a netlink socket in nsh, from a forked
 // child (forkchild.Send) that exits once the kernel is done; it returns as soon as
-// the child exists.
-func forkDelete(nsh netns.NsHandle, index int) error {
+// the child exists, with its pid.
+func forkDelete(nsh netns.NsHandle, index int) (int, error) {
 	fd, err := netlinkSocketIn(nsh)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer unix.Close(fd) // the child has its own copy
 	req := nl.NewNetlinkRequest(unix.RTM_DELLINK, 0)
@@ -189,7 +196,8 @@ func startHelper(nsh netns.NsHandle, index int, name string, gone func() bool) e
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
+	pause := 100 * time.Microsecond
 	for {
 		if gone() {
 			return nil // the helper finishes (and is reaped, or inherited) on its own
@@ -203,11 +211,13 @@ func startHelper(nsh netns.NsHandle, index int, name string, gone func() bool) e
 				err = errors.New("the helper exited without deleting it")
 			}
 			return fmt.Errorf("deleting %s through a helper: %w", name, err)
-		case <-time.After(200 * time.Microsecond):
+		default:
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("deleting %s through a helper: still there after 5 s", name)
+			return fmt.Errorf("deleting %s through a helper: still there after 10 s", name)
 		}
+		time.Sleep(pause)
+		pause = min(2*pause, 2*time.Millisecond)
 	}
 }
 
