@@ -343,10 +343,10 @@ func referenceBandwidth(t *testing.T) string {
 	return bin
 }
 
-// TestBandwidthDowngradeToReference: a pod shaped by podwire, deleted after the node
-// switched back to the reference bandwidth plugin, leaves nothing behind: its IFB has
-// the name the reference's DEL deletes.
-func TestBandwidthDowngradeToReference(t *testing.T) {
+// mixedSetup is a warmed-up bandwidth network, a libcni client whose CNI_PATH finds
+// the reference bandwidth plugin first (podwire's bridge and host-local after it), the
+// node snapshot, and a pod's runtime config asking 10 Mbit/s both ways.
+func mixedSetup(t *testing.T) (*nstest.H, *libcni.CNIConfig, *libcni.NetworkConfigList, nodestate.Snapshot, *libcni.RuntimeConf) {
 	h := nstest.New(t)
 	ref := t.TempDir()
 	if err := os.Symlink(referenceBandwidth(t), filepath.Join(ref, "bandwidth")); err != nil {
@@ -356,8 +356,15 @@ func TestBandwidthDowngradeToReference(t *testing.T) {
 	list := bandwidthConf(h)
 	warmUp(t, h, list)
 	before := h.Snapshot()
-	pod := h.NewPod()
-	rt := h.RT(pod, "eth0", withBandwidth(10_000_000, 10_000_000, containerdBurst))
+	rt := h.RT(h.NewPod(), "eth0", withBandwidth(10_000_000, 10_000_000, containerdBurst))
+	return h, refCNI, list, before, rt
+}
+
+// TestBandwidthDowngradeToReference: a pod shaped by podwire, deleted after the node
+// switched back to the reference bandwidth plugin, leaves nothing behind: its IFB has
+// the name the reference's DEL deletes.
+func TestBandwidthDowngradeToReference(t *testing.T) {
+	h, refCNI, list, before, rt := mixedSetup(t)
 	ifb := ifbOf(h.MustAdd(list, rt))
 	if !strings.HasPrefix(ifb, "bwp") {
 		t.Fatalf("the pod's IFB is %q, not the reference's name", ifb)
@@ -375,17 +382,7 @@ func TestBandwidthDowngradeToReference(t *testing.T) {
 // ingress qdisc, u32 redirect at pref 1, root TBF) is cleaned up completely by
 // podwire's DEL after an upgrade.
 func TestBandwidthUpgradeFromReference(t *testing.T) {
-	h := nstest.New(t)
-	ref := t.TempDir()
-	if err := os.Symlink(referenceBandwidth(t), filepath.Join(ref, "bandwidth")); err != nil {
-		t.Fatal(err)
-	}
-	refCNI := libcni.NewCNIConfigWithCacheDir([]string{ref, h.BinDir}, t.TempDir(), nil)
-	list := bandwidthConf(h)
-	warmUp(t, h, list)
-	before := h.Snapshot()
-	pod := h.NewPod()
-	rt := h.RT(pod, "eth0", withBandwidth(10_000_000, 10_000_000, containerdBurst))
+	h, refCNI, list, before, rt := mixedSetup(t)
 	var res types.Result
 	if err := h.InHost(func() error {
 		var err error
