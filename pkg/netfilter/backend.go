@@ -41,6 +41,9 @@ const (
 	KindNFTables Kind = "nftables"
 )
 
+// Named reports whether k names a backend (as opposed to Auto).
+func (k Kind) Named() bool { return k == KindNFTables || k == KindIPTables }
+
 // ParseKind validates a configured backend name; key names the config key for the
 // error. "" means auto.
 func ParseKind(key, s string) (Kind, error) {

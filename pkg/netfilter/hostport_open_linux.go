@@ -15,14 +15,8 @@ import (
 // error. nftables is probed on the socket its backend then keeps using (closing an
 // nfnetlink socket can wait for the kernel to free rules another process deleted).
 func OpenHostPorts(want Kind) (HostPortBackend, Kind, error) {
-	var p Probe
-	switch want {
-	case KindNFTables:
-		p.NFTables = true
-	case KindIPTables:
-		_, err := exec.LookPath("iptables-restore")
-		p.IPTables = err == nil
-	default:
+	p := namedProbe(want)
+	if !want.Named() {
 		_, e1 := exec.LookPath("iptables")
 		_, e2 := exec.LookPath("iptables-restore")
 		if e1 == nil && e2 == nil {

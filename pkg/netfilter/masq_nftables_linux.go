@@ -42,22 +42,6 @@ func rulesOf(c *nftables.Conn, t *nftables.Table, ch *nftables.Chain) ([]*nftabl
 	return rs, nil
 }
 
-// locked runs f on the backend's connection while holding the masquerade lock, which
-// serializes podwire's own read-modify-write of the shared table.
-func (b *MasqNFTables) locked(f func(c *nftables.Conn) error) error {
-	unlock, err := lockFeature("nftables", masqLock)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	c, done, err := b.nft.conn()
-	if err != nil {
-		return err
-	}
-	defer done()
-	return f(c)
-}
-
 // Apply implements MasqBackend.
 func (b *MasqNFTables) Apply(_ context.Context, p MasqPlan) error {
 	if err := p.Validate(); err != nil {
@@ -66,7 +50,7 @@ func (b *MasqNFTables) Apply(_ context.Context, p MasqPlan) error {
 	t := masqNFTTable()
 	checks, post := masqNFTChains(t)
 	add := masqNFTRules(t, checks, p)
-	return b.locked(func(c *nftables.Conn) error {
+	return b.nft.locked(masqLock, func(c *nftables.Conn) error {
 		postRules, err := rulesOf(c, t, post)
 		if err != nil {
 			return err
@@ -149,7 +133,7 @@ func (b *MasqNFTables) GC(_ context.Context, network string, keep cniplumb.Owner
 func (b *MasqNFTables) removeWhere(pick func([]*nftables.Rule) []*nftables.Rule) error {
 	t := masqNFTTable()
 	checks, post := masqNFTChains(t)
-	return b.locked(func(c *nftables.Conn) error {
+	return b.nft.locked(masqLock, func(c *nftables.Conn) error {
 		have, err := rulesOf(c, t, checks)
 		if err != nil {
 			return err

@@ -33,14 +33,8 @@ func ProbeMasq() MasqProbe {
 // OpenMasq returns the ipMasq backend for want (Auto probes the host, see PickMasq),
 // and the kind it chose.
 func OpenMasq(want Kind) (MasqBackend, Kind, error) {
-	var p MasqProbe
-	switch want {
-	case KindNFTables:
-		p.NFTables = true // its first netlink call reports a kernel without nf_tables
-	case KindIPTables:
-		_, err := exec.LookPath("iptables-restore")
-		p.IPTables = err == nil
-	default:
+	p := MasqProbe{Probe: namedProbe(want)}
+	if !want.Named() {
 		p = ProbeMasq()
 	}
 	k, err := PickMasq(want, p)

@@ -58,6 +58,22 @@ func (b *NFTables) conn() (*nftables.Conn, func(), error) {
 	return b.c, b.mu.Unlock, nil
 }
 
+// locked runs fn on the backend's connection while holding f's lock, which serializes
+// podwire's own read-modify-write cycles on f's table.
+func (b *NFTables) locked(f Feature, fn func(c *nftables.Conn) error) error {
+	unlock, err := lockFeature("nftables", f)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	c, done, err := b.conn()
+	if err != nil {
+		return err
+	}
+	defer done()
+	return fn(c)
+}
+
 // ownedRule is a rule of our table with its parsed tag.
 type ownedRule struct {
 	rule *nftables.Rule
@@ -126,94 +142,78 @@ func (b *NFTables) Apply(_ context.Context, p Plan) error {
 		}
 		rendered = append(rendered, &nftables.Rule{Table: t, Chain: chains[r.Hook], Exprs: ex, UserData: encodeTag(tagFor(p.Owner, r))})
 	}
-	unlock, err := lockFeature("nftables", p.Feature)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	c, done, err := b.conn()
-	if err != nil {
-		return err
-	}
-	defer done()
-	cur, exists, err := b.listFeature(c, p.Feature)
-	if err != nil {
-		return err
-	}
-	// Create the table and base chains only when missing: re-adding an existing base
-	// chain is an update that makes the kernel wait for an RCU grace period (~10 ms
-	// here), more than everything else in the batch together. The lock makes the
-	// listing authoritative among podwire processes.
-	for _, h := range p.Feature.Hooks {
-		if !exists[h] {
-			c.AddTable(t)
-			c.AddChain(chains[h])
+	return b.locked(p.Feature, func(c *nftables.Conn) error {
+		cur, exists, err := b.listFeature(c, p.Feature)
+		if err != nil {
+			return err
 		}
-	}
-	id := IDOf(p.Owner)
-	for _, rs := range cur {
-		for _, r := range rs {
-			if r.ours && r.tag.ID == id {
-				if err := c.DelRule(r.rule); err != nil {
-					return fmt.Errorf("deleting old %s rule of %s: %w", p.Feature.Name, p.Owner, err)
+		// Create the table and base chains only when missing: re-adding an existing base
+		// chain is an update that makes the kernel wait for an RCU grace period (~10 ms
+		// here), more than everything else in the batch together. The lock makes the
+		// listing authoritative among podwire processes.
+		for _, h := range p.Feature.Hooks {
+			if !exists[h] {
+				c.AddTable(t)
+				c.AddChain(chains[h])
+			}
+		}
+		id := IDOf(p.Owner)
+		for _, rs := range cur {
+			for _, r := range rs {
+				if r.ours && r.tag.ID == id {
+					if err := c.DelRule(r.rule); err != nil {
+						return fmt.Errorf("deleting old %s rule of %s: %w", p.Feature.Name, p.Owner, err)
+					}
 				}
 			}
 		}
-	}
-	for _, r := range rendered {
-		c.AddRule(r)
-	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("installing %s rules for %s in nftables table %s: %w", p.Feature.Name, p.Owner, TableName(p.Feature), err)
-	}
-	return nil
+		for _, r := range rendered {
+			c.AddRule(r)
+		}
+		if err := c.Flush(); err != nil {
+			return fmt.Errorf("installing %s rules for %s in nftables table %s: %w", p.Feature.Name, p.Owner, TableName(p.Feature), err)
+		}
+		return nil
+	})
 }
 
 // Remove implements Backend; fams does not matter to an inet table.
 func (b *NFTables) Remove(_ context.Context, f Feature, id OwnerID, _ Families) error {
-	unlock, err := lockFeature("nftables", f)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	c, done, err := b.conn()
-	if err != nil {
-		return err
-	}
-	defer done()
-	cur, _, err := b.listFeature(c, f)
-	if err != nil {
-		return err
-	}
-	var mine []*nftables.Rule
-	others := 0
-	for _, rs := range cur {
-		for _, r := range rs {
-			if r.ours && r.tag.ID == id {
-				mine = append(mine, r.rule)
-			} else {
-				others++
+	return b.locked(f, func(c *nftables.Conn) error {
+		cur, _, err := b.listFeature(c, f)
+		if err != nil {
+			return err
+		}
+		var mine []*nftables.Rule
+		others := 0
+		for _, rs := range cur {
+			for _, r := range rs {
+				if r.ours && r.tag.ID == id {
+					mine = append(mine, r.rule)
+				} else {
+					others++
+				}
 			}
 		}
-	}
-	if len(mine) == 0 {
+		if len(mine) == 0 {
+			return nil
+		}
+		if others == 0 {
+			// Our last rules: drop the whole table. Under the lock no podwire process can
+			// be adding to it concurrently.
+			c.DelTable(nftTable(f))
+		} else {
+			for _, r := range mine {
+				if err := c.DelRule(r); err != nil {
+					return fmt.Errorf("deleting %s rule: %w", f.Name, err)
+				}
+			}
+		}
+		if err := c.Flush(); err != nil {
+			return fmt.Errorf("removing %s rules from nftables table %s: %w", f.Name, TableName(f), err)
+		}
 		return nil
-	}
-	if others == 0 {
-		// Our last rules: drop the whole table. Under the lock no podwire process can
-		// be adding to it concurrently.
-		c.DelTable(nftTable(f))
-	} else {
-		for _, r := range mine {
-			if err := c.DelRule(r); err != nil {
-				return fmt.Errorf("deleting %s rule: %w", f.Name, err)
-			}
-		}
-	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("removing %s rules from nftables table %s: %w", f.Name, TableName(f), err)
-	}
-	return nil
+	})
 }
 
 // Check implements Backend.
@@ -276,16 +276,25 @@ func ProbeHost() Probe {
 	return p
 }
 
-// Open returns the backend for want (Auto probes the host), and the kind it chose.
-func Open(want Kind) (Backend, Kind, error) {
+// namedProbe is what a backend configured by name needs probed: nftables reports a
+// kernel without nf_tables at its first netlink call; iptables needs iptables-restore.
+// Any other kind (Auto) gets an empty Probe: callers probe the host for it.
+func namedProbe(want Kind) Probe {
 	var p Probe
 	switch want {
 	case KindNFTables:
-		p.NFTables = true // its first netlink call reports a kernel without nf_tables
+		p.NFTables = true
 	case KindIPTables:
-		_, e1 := exec.LookPath("iptables-restore")
-		p.IPTables = e1 == nil
-	default:
+		_, err := exec.LookPath("iptables-restore")
+		p.IPTables = err == nil
+	}
+	return p
+}
+
+// Open returns the backend for want (Auto probes the host), and the kind it chose.
+func Open(want Kind) (Backend, Kind, error) {
+	p := namedProbe(want)
+	if !want.Named() {
 		p = ProbeHost()
 	}
 	k, err := Pick(want, p)
