@@ -258,10 +258,10 @@ func parseRange(key string, rr rawRange) (Range, error) {
 		}
 		return a, nil
 	}
-	if r.Gateway, err = parse("gateway", rr.Gateway, nextIP(subnet.IP)); err != nil {
+	if r.Gateway, err = parse("gateway", rr.Gateway, NextIP(subnet.IP)); err != nil {
 		return r, err
 	}
-	if r.RangeStart, err = parse("rangeStart", rr.RangeStart, nextIP(subnet.IP)); err != nil {
+	if r.RangeStart, err = parse("rangeStart", rr.RangeStart, NextIP(subnet.IP)); err != nil {
 		return r, err
 	}
 	if r.RangeEnd, err = parse("rangeEnd", rr.RangeEnd, lastIP(*subnet)); err != nil {

@@ -121,7 +121,7 @@ func (it *Iter) Next() (net.IP, *Range) {
 			r = &it.set[it.idx]
 			it.cur = r.RangeStart
 		default:
-			it.cur = nextIP(it.cur)
+			it.cur = NextIP(it.cur)
 		}
 		if it.start == nil {
 			it.start = it.cur
@@ -150,8 +150,8 @@ func canonical(ip net.IP) net.IP {
 
 func cmpIP(a, b net.IP) int { return bytes.Compare(a, b) }
 
-// nextIP returns ip+1 (wrapping to all-zeroes past the last address).
-func nextIP(ip net.IP) net.IP {
+// NextIP returns ip+1 (wrapping to all-zeroes past the last address).
+func NextIP(ip net.IP) net.IP {
 	out := make(net.IP, len(ip))
 	copy(out, ip)
 	for i := len(out) - 1; i >= 0; i-- {

@@ -18,7 +18,12 @@ func lockFeature(backend string, f Feature) (unlock func(), err error) {
 	if err := os.MkdirAll(LockDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating lock directory %s: %w", LockDir, err)
 	}
-	path := filepath.Join(LockDir, backend+"-"+f.Name+".lock")
+	return LockFile(filepath.Join(LockDir, backend+"-"+f.Name+".lock"))
+}
+
+// LockFile takes an exclusive flock on path (created 0600 if missing), waiting as
+// long as it takes; unlock releases it, and so does the process's death.
+func LockFile(path string) (unlock func(), err error) {
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("opening lock %s: %w", path, err)

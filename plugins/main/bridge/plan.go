@@ -8,6 +8,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
+	"github.com/podwire/podwire/pkg/ipam"
 	"github.com/podwire/podwire/pkg/netfilter"
 )
 
@@ -118,15 +119,7 @@ func firstAddress(n net.IPNet) net.IP {
 	if v4 := ip.To4(); v4 != nil {
 		ip = v4
 	}
-	out := make(net.IP, len(ip))
-	copy(out, ip)
-	for i := len(out) - 1; i >= 0; i-- {
-		out[i]++
-		if out[i] != 0 {
-			break
-		}
-	}
-	return out
+	return ipam.NextIP(ip)
 }
 
 // buildResult assembles ADD's result: the bridge, the host veth, the pod interface

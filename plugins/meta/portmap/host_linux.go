@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/podwire/podwire/pkg/cniplumb"
 	"github.com/podwire/podwire/pkg/conntrack"
@@ -52,21 +51,11 @@ func (l localnet) lock() (func(), error) {
 	if err := os.MkdirAll(l.dir, 0o700); err != nil {
 		return nil, cniplumb.IOError("creating "+l.dir, err)
 	}
-	fd, err := unix.Open(filepath.Join(l.dir, "localnet.lock"), unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+	unlock, err := netfilter.LockFile(filepath.Join(l.dir, "localnet.lock"))
 	if err != nil {
-		return nil, cniplumb.IOError("opening the route_localnet lock", err)
+		return nil, cniplumb.IOError("taking the route_localnet lock", err)
 	}
-	for {
-		err = unix.Flock(fd, unix.LOCK_EX)
-		if err != unix.EINTR {
-			break
-		}
-	}
-	if err != nil {
-		unix.Close(fd)
-		return nil, cniplumb.IOError("locking the route_localnet lock", err)
-	}
-	return func() { unix.Close(fd) }, nil
+	return unlock, nil
 }
 
 func (l localnet) users(iface string) string { return filepath.Join(l.dir, "localnet", iface) }
