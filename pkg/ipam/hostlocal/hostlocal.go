@@ -54,21 +54,29 @@ func add(ctx context.Context, in *cniplumb.Input) (types.Result, error) {
 // del releases the attachment's leases. It needs only the data dir, so it works even
 // when the ranges were changed or broken after ADD; no lease is success.
 func del(ctx context.Context, in *cniplumb.Input) error {
-	sc, err := ipam.ParseStoreConf(in.Stdin)
-	if err != nil {
+	sc, st, err := existingStore(in)
+	if st == nil || err != nil {
 		return err
-	}
-	st, err := disk.Open(sc.DataDir, sc.Network, disk.Options{})
-	if err != nil {
-		return err
-	}
-	if !st.Exists() {
-		return nil
 	}
 	if err := ipam.Release(ctx, st, owner(in)); err != nil {
 		return fmt.Errorf("releasing the leases of %s in network %s: %w", owner(in), sc.Network, err)
 	}
 	return nil
+}
+
+// existingStore opens the lease store DEL and GC work on, which needs only the data dir
+// (so it works even when the ranges were changed or broken after ADD); nil when the
+// network never had a lease, which is nothing to do.
+func existingStore(in *cniplumb.Input) (*ipam.StoreConf, *disk.Store, error) {
+	sc, err := ipam.ParseStoreConf(in.Stdin)
+	if err != nil {
+		return nil, nil, err
+	}
+	st, err := disk.Open(sc.DataDir, sc.Network, disk.Options{})
+	if err != nil || !st.Exists() {
+		return sc, nil, err
+	}
+	return sc, st, nil
 }
 
 // check verifies the attachment's leases exist and match prevResult's addresses.
@@ -97,16 +105,9 @@ func check(ctx context.Context, in *cniplumb.Input) error {
 
 // gc releases the leases of every attachment not in cni.dev/valid-attachments.
 func gc(ctx context.Context, in *cniplumb.Input) error {
-	sc, err := ipam.ParseStoreConf(in.Stdin)
-	if err != nil {
+	sc, st, err := existingStore(in)
+	if st == nil || err != nil {
 		return err
-	}
-	st, err := disk.Open(sc.DataDir, sc.Network, disk.Options{})
-	if err != nil {
-		return err
-	}
-	if !st.Exists() {
-		return nil
 	}
 	var valid []ipam.Owner
 	for o := range in.ValidAttachments {
