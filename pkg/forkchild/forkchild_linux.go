@@ -75,15 +75,12 @@ func Hold(fds []int) error {
 	return nil
 }
 
-// waitReap reaps the child pid if it has exited, and reports whether it had.
-func waitReap(pid int) bool {
+// Exited reports whether the child pid (from Send) has exited, and reaps it then.
+func Exited(pid int) bool {
 	var ws unix.WaitStatus
 	got, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil)
 	return err == nil && got == pid
 }
-
-// Exited reports whether the child pid (from Send) has exited, and reaps it then.
-func Exited(pid int) bool { return waitReap(pid) }
 
 // fork starts the child: it closes every descriptor not in keep, writes msg to writeFD
 // (if >= 0), reads one byte from readFD (if >= 0; EOF once every writer, this process
