@@ -29,10 +29,15 @@ import (
 // sameBuild), the verbs run in this process instead: the same code on the same input
 // with the same result and errors, without starting a second process.
 type Delegator struct {
-	Builtin map[string]cniplumb.Verbs
-	// Package is the Go main package each builtin's binary is built from, e.g.
+	Builtin map[string]Builtin // by plugin name
+}
+
+// Builtin is a plugin this binary can run in-process.
+type Builtin struct {
+	Verbs cniplumb.Verbs
+	// Package is the Go main package the plugin's own binary is built from, e.g.
 	// "github.com/podwire/podwire/plugins/ipam/host-local".
-	Package map[string]string
+	Package string
 }
 
 // Add delegates ADD. The result is in the configuration's cniVersion, as an executed
@@ -136,7 +141,7 @@ func runLocal(plugin string, f func() error) (err error) {
 }
 
 func (d Delegator) local(in *cniplumb.Input, plugin string) (cniplumb.Verbs, bool) {
-	v, ok := d.Builtin[plugin]
+	b, ok := d.Builtin[plugin]
 	if !ok || cniplumb.BuildStamp == "" {
 		return cniplumb.Verbs{}, false
 	}
@@ -144,7 +149,7 @@ func (d Delegator) local(in *cniplumb.Input, plugin string) (cniplumb.Verbs, boo
 	if err != nil {
 		return cniplumb.Verbs{}, false // executing it reports the error
 	}
-	return v, sameBuild(path, d.Package[plugin])
+	return b.Verbs, sameBuild(path, b.Package)
 }
 
 // sameBuild reports whether the file at path is an executable built from the same

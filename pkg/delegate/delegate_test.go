@@ -153,7 +153,7 @@ func TestDelegatorInProcessMatchesExec(t *testing.T) {
 			}
 			executed := call(Delegator{})
 			cniplumb.BuildStamp = testStamp
-			d := Delegator{Builtin: map[string]cniplumb.Verbs{"plumbtest": testVerbs}, Package: map[string]string{"plumbtest": pkg}}
+			d := Delegator{Builtin: map[string]Builtin{"plumbtest": {Verbs: testVerbs, Package: pkg}}}
 			if !d.InProcess(in, "plumbtest") {
 				t.Fatal("the test binary under its own stamp is not taken as the same build")
 			}
@@ -171,7 +171,7 @@ func TestDelegatorExecutesOtherBuilds(t *testing.T) {
 	pkg := ownPackage(t)
 	dir, input := delegateEnv(t, "ADD")
 	in := input(`{"cniVersion":"1.0.0","name":"n"}`)
-	d := Delegator{Builtin: map[string]cniplumb.Verbs{"plumbtest": testVerbs}, Package: map[string]string{"plumbtest": pkg}}
+	d := Delegator{Builtin: map[string]Builtin{"plumbtest": {Verbs: testVerbs, Package: pkg}}}
 
 	cniplumb.BuildStamp = ""
 	if d.InProcess(in, "plumbtest") {
@@ -182,7 +182,7 @@ func TestDelegatorExecutesOtherBuilds(t *testing.T) {
 		t.Error("a file without this build's stamp is taken as the same build")
 	}
 	cniplumb.BuildStamp = testStamp
-	other := Delegator{Builtin: d.Builtin, Package: map[string]string{"plumbtest": "github.com/podwire/podwire/plugins/ipam/host-local"}}
+	other := Delegator{Builtin: map[string]Builtin{"plumbtest": {Verbs: testVerbs, Package: "github.com/podwire/podwire/plugins/ipam/host-local"}}}
 	if other.InProcess(in, "plumbtest") {
 		t.Error("a binary of another main package is taken as the plugin")
 	}
@@ -192,7 +192,7 @@ func TestDelegatorExecutesOtherBuilds(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(cniplumb.RunDir, "delegate-plumbtest")); err != nil || !strings.HasSuffix(string(b), "\nsame\n") {
 		t.Errorf("verdict cache: %q, %v", b, err)
 	}
-	if (Delegator{Builtin: map[string]cniplumb.Verbs{}}).InProcess(in, "plumbtest") {
+	if (Delegator{Builtin: map[string]Builtin{}}).InProcess(in, "plumbtest") {
 		t.Error("a plugin without builtin verbs runs in-process")
 	}
 

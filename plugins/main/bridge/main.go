@@ -22,6 +22,5 @@ func main() {
 // this binary, runs in this process: the same code on the same input, without the
 // cost of starting a second process on every ADD and DEL.
 var ipamPlugins = delegate.Delegator{
-	Builtin: map[string]cniplumb.Verbs{"host-local": hostlocal.Verbs},
-	Package: map[string]string{"host-local": "github.com/podwire/podwire/plugins/ipam/host-local"},
+	Builtin: map[string]delegate.Builtin{"host-local": {Verbs: hostlocal.Verbs, Package: "github.com/podwire/podwire/plugins/ipam/host-local"}},
 }
