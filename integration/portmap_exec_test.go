@@ -53,10 +53,22 @@ func pmCount(log []string, tool string) int {
 }
 
 // TestPortmapExecCount counts the iptables tools portmap runs: none at all for an
-// attachment without port mappings (ADD, CHECK, DEL) or on the nftables backend, one
-// iptables-restore per operation on the iptables backend, reads of portmap's own
-// chains only, and no ip6tables for a pod without IPv6.
+// attachment without port mappings (ADD, CHECK, DEL) or on the nftables backend. On
+// the iptables backend with iptables-nft, none either: portmap speaks nf_tables
+// netlink itself (the direct path, checked against the installed iptables once per
+// boot). With the direct path turned off (PODWIRE_IPTABLES_DIRECT=0, and what runs on
+// legacy iptables): one iptables-restore per operation, reads of portmap's own chains
+// only, and no ip6tables for a pod without IPv6.
 func TestPortmapExecCount(t *testing.T) {
+	for _, direct := range []bool{true, false} {
+		t.Run(fmt.Sprintf("direct=%v", direct), func(t *testing.T) { pmExecCount(t, direct) })
+	}
+}
+
+func pmExecCount(t *testing.T, direct bool) {
+	if !direct {
+		t.Setenv(netfilter.DirectIPTablesEnv, "0")
+	}
 	h := nstest.New(t)
 	logged := pmExecLog(t)
 	conf := func(backend netfilter.Kind) string {
@@ -67,6 +79,12 @@ func TestPortmapExecCount(t *testing.T) {
 	}
 	ipt := h.Conflist(conf(netfilter.KindIPTables))
 	pmWarmUp(t, h, ipt)
+	// A DEL the marker does not know looks in both families: it makes the direct
+	// path's once-per-boot check of ip6tables (the warm-up did iptables') happen here.
+	pw := h.NewPod()
+	h.MustDel(ipt, h.RT(pw, "eth0", pmMap("tcp:1:1")))
+	h.DeletePod(pw)
+	pmSettle(t, h)
 	before := h.Snapshot()
 	logged()
 
@@ -82,7 +100,6 @@ func TestPortmapExecCount(t *testing.T) {
 		t.Errorf("an attachment without port mappings ran:\n%s", strings.Join(log, "\n"))
 	}
 
-	// With mappings: one restore per operation, no ip6tables, only our chains listed.
 	p1, p2 := h.NewPod(), h.NewPod()
 	rt1, rt2 := h.RT(p1, "eth0", pmMap("tcp:8080:80")), h.RT(p2, "eth0", pmMap("tcp:8081:80", "udp:8081:80"))
 	for _, step := range []struct {
@@ -91,27 +108,43 @@ func TestPortmapExecCount(t *testing.T) {
 	}{
 		{"first ADD on the node", func() { h.MustAdd(ipt, rt1) }},
 		{"second ADD", func() { h.MustAdd(ipt, rt2) }},
+		{"CHECK", func() {
+			if err := h.Check(ipt, rt2); err != nil {
+				t.Errorf("CHECK: %v", err)
+			}
+		}},
 		{"DEL of one of two", func() { h.MustDel(ipt, rt1) }},
 		{"DEL of the last", func() { h.MustDel(ipt, rt2) }},
 	} {
 		step.do()
 		log := logged()
-		if pmCount(log, "iptables-restore") != 1 || pmCount(log, "ip6tables") != 0 || pmCount(log, "ip6tables-restore") != 0 ||
-			pmCount(log, "iptables-save") != 0 || len(log) > 4 {
+		t.Logf("%s: %s", step.what, strings.Join(log, " | "))
+		if direct {
+			if len(log) != 0 {
+				t.Errorf("%s ran iptables tools on the direct path:\n%s", step.what, strings.Join(log, "\n"))
+			}
+			continue
+		}
+		restores := 1
+		if step.what == "CHECK" {
+			restores = 0
+		}
+		if pmCount(log, "iptables-restore") != restores || pmCount(log, "ip6tables") != 0 || pmCount(log, "ip6tables-restore") != 0 ||
+			pmCount(log, "iptables-save") != 0 || len(log) > 6 {
 			t.Errorf("%s ran:\n%s", step.what, strings.Join(log, "\n"))
 		}
 		for _, l := range log {
-			if strings.HasPrefix(l, "iptables ") && !strings.Contains(l, "-S CNI-HOSTPORT-") {
+			if strings.HasPrefix(l, "iptables ") && !strings.Contains(l, "-S CNI-HOSTPORT-") && !strings.Contains(l, " -C ") &&
+				!strings.Contains(l, "-S "+netfilter.HostPortChain(ipt.Name, rt2.ContainerID)) {
 				t.Errorf("%s listed more than portmap's own chains: %s", step.what, l)
 			}
 		}
-		t.Logf("%s: %s", step.what, strings.Join(log, " | "))
 	}
 	// A repeated DEL finds no marker; since the runtime passes portMappings again, the
 	// attachment might be the reference portmap's, so portmap looks (one listing per
 	// family) but changes nothing.
 	h.MustDel(ipt, rt2)
-	if log := logged(); pmCount(log, "iptables-restore") != 0 || pmCount(log, "ip6tables-restore") != 0 || len(log) > 2 {
+	if log := logged(); pmCount(log, "iptables-restore") != 0 || pmCount(log, "ip6tables-restore") != 0 || len(log) > 2 || direct && len(log) != 0 {
 		t.Errorf("a repeated DEL ran:\n%s", strings.Join(log, "\n"))
 	}
 

@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
-	"strings"
 
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/types"
@@ -161,28 +160,8 @@ func sameBuild(path, pkg string) bool {
 	if unix.Stat(path, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Mode&0o111 == 0 {
 		return false // executing it reports what is wrong
 	}
-	key := fmt.Sprintf("%s %d %d %d %d %d %s %s %s", path, st.Dev, st.Ino, st.Size, st.Mtim.Nano(), st.Ctim.Nano(),
-		cniplumb.BuildStamp, runtime.Version(), pkg)
-	cache := filepath.Join(cniplumb.RunDir, "delegate-"+filepath.Base(path))
-	if b, err := os.ReadFile(cache); err == nil {
-		if k, v, ok := strings.Cut(strings.TrimSpace(string(b)), "\n"); ok && k == key {
-			return v == "same"
-		}
-	}
-	same := readSameBuild(path, pkg)
-	verdict := "other"
-	if same {
-		verdict = "same"
-	}
-	if os.MkdirAll(cniplumb.RunDir, 0o700) == nil {
-		tmp := fmt.Sprintf("%s.%d", cache, os.Getpid())
-		if os.WriteFile(tmp, []byte(key+"\n"+verdict+"\n"), 0o600) == nil {
-			if os.Rename(tmp, cache) != nil {
-				_ = os.Remove(tmp)
-			}
-		}
-	}
-	return same
+	return cniplumb.FileVerdict("delegate-"+filepath.Base(path), path,
+		cniplumb.BuildStamp+" "+runtime.Version()+" "+pkg, func() bool { return readSameBuild(path, pkg) })
 }
 
 func readSameBuild(path, pkg string) bool {

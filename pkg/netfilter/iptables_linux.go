@@ -39,6 +39,12 @@ func (b *IPTables) run(ctx context.Context, stdin string, name string, args ...s
 	if wait < 1 {
 		wait = 1
 	}
+	if d := directForBinary(name); d != nil {
+		out, err := d.run(stdin, strings.HasSuffix(name, "-restore"), args)
+		if !errors.Is(err, errXTUnsupported) {
+			return out, err
+		}
+	}
 	args = append([]string{"-w", fmt.Sprint(wait)}, args...)
 	attempts := max(b.Attempts, 1)
 	var lastErr error
@@ -68,6 +74,18 @@ func (b *IPTables) run(ctx context.Context, stdin string, name string, args ...s
 		return "", fmt.Errorf("%s %s: %s", name, strings.Join(args, " "), msg)
 	}
 	return "", busy("the xtables lock", fmt.Errorf("%w (held by another program after %d attempts of %s each)", lastErr, attempts, b.LockWait))
+}
+
+// directForBinary returns the direct iptables-nft path (xtnft_linux.go) for one of
+// the iptables binaries, or nil.
+func directForBinary(name string) *xtDirect {
+	switch name {
+	case "iptables", "iptables-restore":
+		return xtDirectFor(IPv4)
+	case "ip6tables", "ip6tables-restore":
+		return xtDirectFor(IPv6)
+	}
+	return nil
 }
 
 // isLockBusy recognizes iptables' "could not get the xtables lock" failures (exit

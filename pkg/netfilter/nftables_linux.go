@@ -309,5 +309,5 @@ func Open(want Kind) (Backend, Kind, error) {
 
 // isNoEnt recognizes ENOENT from google/nftables, which does not always wrap the errno.
 func isNoEnt(err error) bool {
-	return errors.Is(err, unix.ENOENT) || strings.Contains(err.Error(), "no such file or directory")
+	return err != nil && (errors.Is(err, unix.ENOENT) || strings.Contains(err.Error(), "no such file or directory"))
 }
