@@ -58,10 +58,10 @@ func newAttrs() attrs {
 	return attrs{e}
 }
 
-func (a attrs) str(t uint16, s string)    { a.e.Bytes(t, append([]byte(s), 0)) }
-func (a attrs) u32(t uint16, v uint32)    { a.e.Uint32(t, v) }
-func (a attrs) u64(t uint16, v uint64)    { a.e.Uint64(t, v) }
-func (a attrs) raw(t uint16, b []byte)    { a.e.Bytes(t, b) }
+func (a attrs) str(t uint16, s string) { a.e.Bytes(t, append([]byte(s), 0)) }
+func (a attrs) u32(t uint16, v uint32) { a.e.Uint32(t, v) }
+func (a attrs) u64(t uint16, v uint64) { a.e.Uint64(t, v) }
+func (a attrs) raw(t uint16, b []byte) { a.e.Bytes(t, b) }
 func (a attrs) nest(t uint16, f func(a attrs)) {
 	a.e.Nested(t|unix.NLA_F_NESTED, func(ne *netlink.AttributeEncoder) error {
 		ne.ByteOrder = binary.BigEndian

@@ -190,9 +190,11 @@ func (pm *portmap) del(ctx context.Context, in *cniplumb.Input) error {
 		if err := pm.state.remove(owner); err != nil {
 			return err
 		}
-		if m.Backend == netfilter.KindNFTables && len(m.UDP4)+len(m.UDP6) == 0 {
+		if len(m.UDP4)+len(m.UDP6) == 0 {
 			// With a UDP flush the conntrack socket has already waited for the
-			// grace period; otherwise let a child wait for it instead of the runtime.
+			// grace period; otherwise let a child wait for it instead of the runtime
+			// (nftables, and iptables-nft on the direct path; without nfnetlink
+			// sockets this does nothing).
 			pm.detach()
 		}
 		return nil

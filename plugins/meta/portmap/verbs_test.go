@@ -421,8 +421,9 @@ func TestMarkerRoundTrip(t *testing.T) {
 	}
 }
 
-// DEL hands its nfnetlink sockets to a child only after an nftables removal without a
-// UDP flush (the flush's own socket has waited for the grace period already).
+// DEL hands its nfnetlink sockets to a child after a removal without a UDP flush (the
+// flush's own socket has waited for the grace period already), on either backend (the
+// iptables backend has nfnetlink sockets on the direct iptables-nft path).
 func TestDelDetach(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -431,7 +432,8 @@ func TestDelDetach(t *testing.T) {
 	}{
 		{`,"backend":"nftables"`, tcpMapping, 1},
 		{`,"backend":"nftables"`, bothMapping, 0},
-		{`,"backend":"iptables"`, tcpMapping, 0},
+		{`,"backend":"iptables"`, tcpMapping, 1},
+		{`,"backend":"iptables"`, bothMapping, 0},
 	} {
 		w := newWorld(t)
 		if _, err := w.pm.add(ctx, input("ADD", owner1, tc.extra, tc.mappings, dualStack())); err != nil {
