@@ -41,7 +41,13 @@ func RunSocketHolder() {
 // last reference to the sockets and pays the wait instead, off the runtime's path; it
 // exits after this process.
 // Nothing depends on the child: if it cannot start, the wait simply stays here.
+//
+// Where the kernel expedites RCU grace periods (/sys/kernel/rcu_expedited), the wait
+// is a few microseconds and forking costs more than it saves: nothing is handed off.
 func DetachSockets() {
+	if graceIsExpedited() {
+		return
+	}
 	fds := netfilterSocketFDs()
 	if len(fds) == 0 {
 		return
@@ -93,6 +99,17 @@ func DetachSockets() {
 	// The runtime does not wait for it: it holds none of our output pipes.
 	detachedWriter = w
 	_ = cmd.Process.Release()
+}
+
+// graceIsExpedited reports whether synchronize_rcu is expedited on this kernel
+// (rcu_expedited set and rcu_normal not), which makes the socket release wait short.
+func graceIsExpedited() bool {
+	exp, err := os.ReadFile("/sys/kernel/rcu_expedited")
+	if err != nil || strings.TrimSpace(string(exp)) != "1" {
+		return false
+	}
+	normal, err := os.ReadFile("/sys/kernel/rcu_normal")
+	return err != nil || strings.TrimSpace(string(normal)) != "1"
 }
 
 // detachedWriter keeps the child's pipe open until exit (and from the collector).

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"syscall"
 	"time"
 
 	"github.com/mdlayher/netlink"
@@ -14,23 +15,32 @@ import (
 // single-object reads (never a dump of a whole table: a node with kube-proxy has tens
 // of thousands of chains), rule dumps of one chain, and batches checked against the
 // ruleset generation they were planned from. google/nftables cannot send the latter
-// two (a generation ID in the batch, a rule's compat protocol for xt matches).
+// two (a generation ID in the batch, a rule's compat protocol for xt matches). It is a
+// blocking socket driven by plain system calls: several requests go out in one
+// sendmsg and their replies are matched by sequence number, so a whole read of what
+// a script depends on is one round trip, without the Go scheduler in between.
 type nfnl struct {
-	c *netlink.Conn
+	fd  int
+	seq uint32
+	buf []byte
 }
 
 func dialNFNL() (*nfnl, error) {
-	c, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
 	if err != nil {
 		return nil, fmt.Errorf("opening an nf_tables netlink socket: %w", err)
 	}
-	return &nfnl{c: c}, nil
+	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("binding an nf_tables netlink socket: %w", err)
+	}
+	// A reply never waits forever (the kernel answers at once; this only bounds a bug).
+	tv := unix.Timeval{Sec: 30}
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	return &nfnl{fd: fd, seq: uint32(time.Now().UnixNano()), buf: make([]byte, 256<<10)}, nil
 }
 
-func (n *nfnl) close() error { return n.c.Close() }
-
-// conn returns the socket (for netfilter.DetachSockets-style hand-offs).
-func (n *nfnl) conn() *netlink.Conn { return n.c }
+func (n *nfnl) close() error { return unix.Close(n.fd) }
 
 // nfMsg is one nf_tables message: type, family and attributes.
 type nfMsg struct {
@@ -40,12 +50,99 @@ type nfMsg struct {
 	attrs []byte
 }
 
-func (m nfMsg) netlink() netlink.Message {
-	data := make([]byte, 4, 4+len(m.attrs))
-	data[0] = m.fam
-	return netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | int(m.typ)), Flags: m.flags},
-		Data:   append(data, m.attrs...),
+// raw appends the message, with sequence number seq, to b. A zero typ with sub set
+// sends a bare nfnetlink message (batch begin and end).
+func appendNLMsg(b []byte, typ uint16, flags uint16, seq uint32, fam byte, resID uint16, attrs []byte) []byte {
+	l := unix.NLMSG_HDRLEN + 4 + len(attrs)
+	h := make([]byte, unix.NLMSG_HDRLEN+4)
+	binary.NativeEndian.PutUint32(h[0:], uint32(l))
+	binary.NativeEndian.PutUint16(h[4:], typ)
+	binary.NativeEndian.PutUint16(h[6:], flags)
+	binary.NativeEndian.PutUint32(h[8:], seq)
+	h[16] = fam
+	binary.BigEndian.PutUint16(h[18:], resID)
+	b = append(b, h...)
+	b = append(b, attrs...)
+	for len(b)%unix.NLMSG_ALIGNTO != 0 {
+		b = append(b, 0)
+	}
+	return b
+}
+
+func (m nfMsg) nlType() uint16 { return uint16(unix.NFNL_SUBSYS_NFTABLES<<8) | m.typ }
+
+// nfReply is what one request got back: data messages' attributes, or an error.
+type nfReply struct {
+	msgs []map[uint16][]byte
+	err  error
+}
+
+// exchange sends reqs in one sendmsg and collects each one's replies. At most one of
+// them may be a dump (the kernel runs one dump at a time per socket).
+func (n *nfnl) exchange(reqs []nfMsg) ([]nfReply, error) {
+	var b []byte
+	first := n.seq + 1
+	for _, m := range reqs {
+		n.seq++
+		b = appendNLMsg(b, m.nlType(), uint16(m.flags|netlink.Request), n.seq, m.fam, 0, m.attrs)
+	}
+	if err := unix.Sendto(n.fd, b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return nil, fmt.Errorf("sending to nf_tables: %w", err)
+	}
+	out := make([]nfReply, len(reqs))
+	pending := len(reqs)
+	done := make([]bool, len(reqs))
+	for pending > 0 {
+		msgs, err := n.receive()
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range msgs {
+			i := int(m.Header.Seq - first)
+			if i < 0 || i >= len(reqs) || done[i] {
+				continue // a stale reply of an earlier, failed exchange
+			}
+			finish := func() { done[i] = true; pending-- }
+			switch m.Header.Type {
+			case unix.NLMSG_ERROR:
+				if len(m.Data) >= 4 {
+					if e := -int32(binary.NativeEndian.Uint32(m.Data)); e != 0 {
+						out[i].err = unix.Errno(e)
+					}
+				}
+				finish()
+			case unix.NLMSG_DONE:
+				finish()
+			default:
+				if len(m.Data) >= 4 {
+					a, err := decodeAttrs(m.Data[4:])
+					if err != nil {
+						return nil, err
+					}
+					out[i].msgs = append(out[i].msgs, a)
+				}
+				if m.Header.Flags&unix.NLM_F_MULTI == 0 {
+					finish()
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+func (n *nfnl) receive() ([]syscall.NetlinkMessage, error) {
+	for {
+		k, _, err := unix.Recvfrom(n.fd, n.buf, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading from nf_tables: %w", err)
+		}
+		if k > len(n.buf) {
+			return nil, errors.New("reading from nf_tables: reply truncated")
+		}
+		return syscall.ParseNetlinkMessage(n.buf[:k])
 	}
 }
 
@@ -114,45 +211,11 @@ func cstr(b []byte) string {
 
 // get runs one request and returns the replies' attributes (after the nfgenmsg).
 func (n *nfnl) get(m nfMsg) ([]map[uint16][]byte, error) {
-	replies, err := n.c.Execute(m.netlink())
+	r, err := n.exchange([]nfMsg{m})
 	if err != nil {
 		return nil, err
 	}
-	var out []map[uint16][]byte
-	for _, r := range replies {
-		if len(r.Data) < 4 {
-			continue
-		}
-		a, err := decodeAttrs(r.Data[4:])
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, a)
-	}
-	return out, nil
-}
-
-// genID returns the ruleset generation.
-func (n *nfnl) genID() (uint32, error) {
-	rs, err := n.get(nfMsg{typ: unix.NFT_MSG_GETGEN, flags: netlink.Request})
-	if err != nil {
-		return 0, fmt.Errorf("reading the nf_tables generation: %w", err)
-	}
-	if len(rs) != 1 || len(rs[0][unix.NFTA_GEN_ID]) != 4 {
-		return 0, errors.New("reading the nf_tables generation: malformed reply")
-	}
-	return binary.BigEndian.Uint32(rs[0][unix.NFTA_GEN_ID]), nil
-}
-
-// tableExists reports whether table (of family fam) exists.
-func (n *nfnl) tableExists(fam byte, table string) (bool, error) {
-	a := newAttrs()
-	a.str(unix.NFTA_TABLE_NAME, table)
-	_, err := n.get(nfMsg{typ: unix.NFT_MSG_GETTABLE, fam: fam, flags: netlink.Request, attrs: a.bytes()})
-	if isNoEnt(err) {
-		return false, nil
-	}
-	return err == nil, err
+	return r[0].msgs, r[0].err
 }
 
 // nfChain is a chain as the kernel reports it.
@@ -166,24 +229,35 @@ type nfChain struct {
 	attrs  map[uint16][]byte
 }
 
-// chain returns the chain table/name, or ok false when it does not exist (also when
-// the table does not).
-func (n *nfnl) chain(fam byte, table, name string) (nfChain, bool, error) {
+func getChainMsg(fam byte, table, name string) nfMsg {
 	a := newAttrs()
 	a.str(unix.NFTA_CHAIN_TABLE, table)
 	a.str(unix.NFTA_CHAIN_NAME, name)
-	rs, err := n.get(nfMsg{typ: unix.NFT_MSG_GETCHAIN, fam: fam, flags: netlink.Request, attrs: a.bytes()})
-	if isNoEnt(err) {
+	return nfMsg{typ: unix.NFT_MSG_GETCHAIN, fam: fam, attrs: a.bytes()}
+}
+
+func dumpRulesMsg(fam byte, table, chain string) nfMsg {
+	a := newAttrs()
+	a.str(unix.NFTA_RULE_TABLE, table)
+	a.str(unix.NFTA_RULE_CHAIN, chain)
+	return nfMsg{typ: unix.NFT_MSG_GETRULE, fam: fam, flags: netlink.Dump, attrs: a.bytes()}
+}
+
+// chainFromReply reads a GETCHAIN reply; ok is false when the chain (or its table)
+// does not exist.
+func chainFromReply(r nfReply, table, name string) (nfChain, bool, error) {
+	if isNoEnt(r.err) {
 		return nfChain{}, false, nil
 	}
-	if err != nil {
-		return nfChain{}, false, fmt.Errorf("reading chain %s of table %s: %w", name, table, err)
+	if r.err != nil {
+		return nfChain{}, false, fmt.Errorf("reading chain %s of table %s: %w", name, table, r.err)
 	}
-	if len(rs) != 1 {
-		return nfChain{}, false, fmt.Errorf("reading chain %s of table %s: %d replies", name, table, len(rs))
+	if len(r.msgs) != 1 {
+		return nfChain{}, false, fmt.Errorf("reading chain %s of table %s: %d replies", name, table, len(r.msgs))
 	}
-	c := nfChain{name: cstr(rs[0][unix.NFTA_CHAIN_NAME]), attrs: rs[0], typ: cstr(rs[0][unix.NFTA_CHAIN_TYPE])}
-	if h, ok := rs[0][unix.NFTA_CHAIN_HOOK]; ok {
+	m := r.msgs[0]
+	c := nfChain{name: cstr(m[unix.NFTA_CHAIN_NAME]), attrs: m, typ: cstr(m[unix.NFTA_CHAIN_TYPE])}
+	if h, ok := m[unix.NFTA_CHAIN_HOOK]; ok {
 		ha, err := decodeAttrs(h)
 		if err != nil {
 			return c, false, err
@@ -196,10 +270,86 @@ func (n *nfnl) chain(fam byte, table, name string) (nfChain, bool, error) {
 			c.prio = int32(binary.BigEndian.Uint32(v))
 		}
 	}
-	if v := rs[0][unix.NFTA_CHAIN_POLICY]; len(v) == 4 {
+	if v := m[unix.NFTA_CHAIN_POLICY]; len(v) == 4 {
 		c.policy = binary.BigEndian.Uint32(v)
 	}
 	return c, true, nil
+}
+
+// rulesFromReply reads a rule dump of one chain.
+func rulesFromReply(r nfReply, table, chain string) ([]nfRule, error) {
+	if r.err != nil {
+		return nil, fmt.Errorf("listing the rules of chain %s of table %s: %w", chain, table, r.err)
+	}
+	var out []nfRule
+	for _, m := range r.msgs {
+		// Kernels without dump filtering return every rule of the family.
+		if cstr(m[unix.NFTA_RULE_TABLE]) != table || cstr(m[unix.NFTA_RULE_CHAIN]) != chain {
+			continue
+		}
+		rule, err := parseNFRule(m)
+		if err != nil {
+			return nil, fmt.Errorf("chain %s of table %s: %w", chain, table, err)
+		}
+		out = append(out, rule)
+	}
+	return out, nil
+}
+
+// chain returns the chain table/name, or ok false when it does not exist.
+func (n *nfnl) chain(fam byte, table, name string) (nfChain, bool, error) {
+	r, err := n.exchange([]nfMsg{getChainMsg(fam, table, name)})
+	if err != nil {
+		return nfChain{}, false, err
+	}
+	return chainFromReply(r[0], table, name)
+}
+
+// chainRules reads a chain and its rules in one round trip; ok is false when the
+// chain does not exist.
+func (n *nfnl) chainRules(fam byte, table, name string) (nfChain, []nfRule, bool, error) {
+	r, err := n.exchange([]nfMsg{getChainMsg(fam, table, name), dumpRulesMsg(fam, table, name)})
+	if err != nil {
+		return nfChain{}, nil, false, err
+	}
+	c, ok, err := chainFromReply(r[0], table, name)
+	if err != nil || !ok {
+		return c, nil, ok, err
+	}
+	rules, err := rulesFromReply(r[1], table, name)
+	return c, rules, true, err
+}
+
+// state reads, in one round trip, the ruleset generation, whether table exists, and
+// which of chains exist.
+func (n *nfnl) state(fam byte, table string, chains []string) (gen uint32, tableOK bool, exist map[string]bool, err error) {
+	ta := newAttrs()
+	ta.str(unix.NFTA_TABLE_NAME, table)
+	reqs := []nfMsg{{typ: unix.NFT_MSG_GETGEN}, {typ: unix.NFT_MSG_GETTABLE, fam: fam, attrs: ta.bytes()}}
+	for _, c := range chains {
+		reqs = append(reqs, getChainMsg(fam, table, c))
+	}
+	r, err := n.exchange(reqs)
+	if err != nil {
+		return 0, false, nil, err
+	}
+	if r[0].err != nil || len(r[0].msgs) != 1 || len(r[0].msgs[0][unix.NFTA_GEN_ID]) != 4 {
+		return 0, false, nil, fmt.Errorf("reading the nf_tables generation: %v", r[0].err)
+	}
+	gen = binary.BigEndian.Uint32(r[0].msgs[0][unix.NFTA_GEN_ID])
+	if r[1].err != nil && !isNoEnt(r[1].err) {
+		return 0, false, nil, fmt.Errorf("reading table %s: %w", table, r[1].err)
+	}
+	tableOK = r[1].err == nil
+	exist = map[string]bool{}
+	for i, c := range chains {
+		_, ok, err := chainFromReply(r[2+i], table, c)
+		if err != nil {
+			return 0, false, nil, err
+		}
+		exist[c] = ok
+	}
+	return gen, tableOK, exist, nil
 }
 
 // nfRule is a rule as the kernel reports it: its handle, its expressions (name and
@@ -217,26 +367,11 @@ type nfExpr struct {
 
 // rules dumps the rules of one chain.
 func (n *nfnl) rules(fam byte, table, chain string) ([]nfRule, error) {
-	a := newAttrs()
-	a.str(unix.NFTA_RULE_TABLE, table)
-	a.str(unix.NFTA_RULE_CHAIN, chain)
-	rs, err := n.get(nfMsg{typ: unix.NFT_MSG_GETRULE, fam: fam, flags: netlink.Request | netlink.Dump, attrs: a.bytes()})
+	r, err := n.exchange([]nfMsg{dumpRulesMsg(fam, table, chain)})
 	if err != nil {
-		return nil, fmt.Errorf("listing the rules of chain %s of table %s: %w", chain, table, err)
+		return nil, err
 	}
-	var out []nfRule
-	for _, r := range rs {
-		// Kernels without dump filtering return every rule of the family.
-		if cstr(r[unix.NFTA_RULE_TABLE]) != table || cstr(r[unix.NFTA_RULE_CHAIN]) != chain {
-			continue
-		}
-		rule, err := parseNFRule(r)
-		if err != nil {
-			return nil, fmt.Errorf("chain %s of table %s: %w", chain, table, err)
-		}
-		out = append(out, rule)
-	}
-	return out, nil
+	return rulesFromReply(r[0], table, chain)
 }
 
 func parseNFRule(r map[uint16][]byte) (nfRule, error) {
@@ -264,66 +399,72 @@ var errGenChanged = errors.New("the nf_tables ruleset changed while the change w
 
 // commit sends msgs as one batch, applied only if the ruleset is still at generation
 // gen (the kernel refuses it with ERESTART otherwise: errGenChanged). It returns the
-// first error the kernel reports; the batch is then not applied at all.
+// first error the kernel reports, naming the message; the batch is then not applied
+// at all.
 func (n *nfnl) commit(gen uint32, msgs []nfMsg) error {
 	if len(msgs) == 0 {
 		return nil
 	}
 	begin := newAttrs()
 	begin.u32(unix.NFNL_BATCH_GENID, gen)
-	batch := []netlink.Message{{
-		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_MSG_BATCH_BEGIN), Flags: netlink.Request},
-		Data:   append([]byte{unix.AF_UNSPEC, 0, 0, unix.NFNL_SUBSYS_NFTABLES}, begin.bytes()...),
-	}}
+	n.seq++
+	beginSeq := n.seq
+	b := appendNLMsg(nil, unix.NFNL_MSG_BATCH_BEGIN, unix.NLM_F_REQUEST, beginSeq, unix.AF_UNSPEC, unix.NFNL_SUBSYS_NFTABLES, begin.bytes())
+	first := n.seq + 1
 	for _, m := range msgs {
-		m.flags |= netlink.Request | netlink.Acknowledge
-		batch = append(batch, m.netlink())
+		n.seq++
+		b = appendNLMsg(b, m.nlType(), uint16(m.flags|netlink.Request|netlink.Acknowledge), n.seq, m.fam, 0, m.attrs)
 	}
-	batch = append(batch, netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_MSG_BATCH_END), Flags: netlink.Request},
-		Data:   []byte{unix.AF_UNSPEC, 0, 0, unix.NFNL_SUBSYS_NFTABLES},
-	})
-	sent, err := n.c.SendMessages(batch)
-	if err != nil {
+	n.seq++
+	b = appendNLMsg(b, unix.NFNL_MSG_BATCH_END, unix.NLM_F_REQUEST, n.seq, unix.AF_UNSPEC, unix.NFNL_SUBSYS_NFTABLES, nil)
+	if err := unix.Sendto(n.fd, b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return fmt.Errorf("sending an nf_tables batch: %w", err)
 	}
 	// One acknowledgement per message (the kernel processes the whole batch and reports
 	// every message's outcome), or a single error for the batch itself.
-	first := sent[0].Header.Sequence
-	want := map[uint32]bool{}
-	for _, m := range sent[1 : len(sent)-1] {
-		want[m.Header.Sequence] = true
-	}
-	if err := n.c.SetReadDeadline(time.Now().Add(30 * time.Second)); err != nil {
-		return err
-	}
-	defer n.c.SetReadDeadline(time.Time{})
+	pending := len(msgs)
 	var firstErr error
-	for len(want) > 0 {
-		replies, err := n.c.Receive()
+	for pending > 0 {
+		replies, err := n.receive()
 		if err != nil {
-			var oe *netlink.OpError
-			if errors.As(err, &oe) {
-				// mdlayher/netlink turns an error reply into an OpError and drops the
-				// message: we cannot tell which message failed, only that the batch did.
-				if errors.Is(oe.Err, unix.ERESTART) {
-					return errGenChanged
-				}
-				if firstErr == nil {
-					firstErr = oe.Err
-				}
-				// The remaining acknowledgements may still come; the batch failed
-				// anyway, and the socket is not reused after a failure.
-				return firstErr
-			}
-			return fmt.Errorf("reading the nf_tables batch result: %w", err)
+			return err
 		}
 		for _, r := range replies {
-			if r.Header.Sequence == first {
+			if r.Header.Type != unix.NLMSG_ERROR || len(r.Data) < 4 {
 				continue
 			}
-			delete(want, r.Header.Sequence)
+			e := unix.Errno(-int32(binary.NativeEndian.Uint32(r.Data)))
+			if r.Header.Seq == beginSeq {
+				if e == unix.ERESTART {
+					return errGenChanged
+				}
+				return fmt.Errorf("nf_tables refused the batch: %w", e)
+			}
+			i := int(r.Header.Seq - first)
+			if i < 0 || i >= len(msgs) {
+				continue
+			}
+			pending--
+			if e != 0 && firstErr == nil {
+				firstErr = fmt.Errorf("message %d of the batch (%s): %w", i+1, nftMsgName(msgs[i].typ), e)
+			}
 		}
 	}
 	return firstErr
+}
+
+func nftMsgName(t uint16) string {
+	switch t {
+	case unix.NFT_MSG_NEWTABLE:
+		return "new table"
+	case unix.NFT_MSG_NEWCHAIN:
+		return "new chain"
+	case unix.NFT_MSG_DELCHAIN:
+		return "delete chain"
+	case unix.NFT_MSG_NEWRULE:
+		return "new rule"
+	case unix.NFT_MSG_DELRULE:
+		return "delete rule"
+	}
+	return fmt.Sprintf("type %d", t)
 }

@@ -179,13 +179,9 @@ type listed struct {
 
 // readChain lists a chain; ok is false when it does not exist.
 func (d *xtDirect) readChain(n *nfnl, table, chain string) (rules []listed, ok bool, err error) {
-	_, ok, err = n.chain(d.nfFamily(), table, chain)
+	_, rs, ok, err := n.chainRules(d.nfFamily(), table, chain)
 	if err != nil || !ok {
 		return nil, ok, err
-	}
-	rs, err := n.rules(d.nfFamily(), table, chain)
-	if err != nil {
-		return nil, true, err
 	}
 	for _, r := range rs {
 		l := listed{handle: r.handle}
@@ -402,14 +398,22 @@ type xtModel struct {
 // messages.
 func (d *xtDirect) plan(n *nfnl, table string, ops []xtOp) (uint32, []nfMsg, error) {
 	fam := d.nfFamily()
-	gen, err := n.genID()
+	// Everything the script names, read in one round trip.
+	var names []string
+	seen := map[string]bool{}
+	for _, op := range ops {
+		for _, c := range []string{op.chain, op.spec.target.name} {
+			if c != "" && !seen[c] && (c == op.chain || op.spec.target.kind == "jump") {
+				seen[c] = true
+				names = append(names, c)
+			}
+		}
+	}
+	gen, tableOK, exist, err := n.state(fam, table, names)
 	if err != nil {
 		return 0, nil, err
 	}
-	m := xtModel{chains: map[string]bool{}, rules: map[string][]listed{}}
-	if m.table, err = n.tableExists(fam, table); err != nil {
-		return 0, nil, err
-	}
+	m := xtModel{table: tableOK, chains: exist, rules: map[string][]listed{}}
 	exists := func(c string) (bool, error) {
 		if v, ok := m.chains[c]; ok {
 			return v, nil
