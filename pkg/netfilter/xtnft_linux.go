@@ -73,6 +73,12 @@ func xtDirectFor(fam Family) *xtDirect {
 		var uts unix.Utsname
 		_ = unix.Uname(&uts)
 		extra := fmt.Sprintf("%s %s xtcodec-%d", fam, unix.ByteSliceToString(uts.Release[:]), xtCodecVersion)
+		// Plugins starting together after a boot wait for the first one's verdict
+		// instead of all running the check.
+		_ = os.MkdirAll(cniplumb.RunDir, 0o700)
+		if unlock, err := LockFile(filepath.Join(cniplumb.RunDir, "iptables-direct.lock")); err == nil {
+			defer unlock()
+		}
 		if cniplumb.FileVerdict("iptables-direct-"+fam.String(), path, extra, func() bool { return xtSelfCheck(fam, restore) == nil }) {
 			directFor[i] = &xtDirect{fam: fam}
 		}
