@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 
 	"github.com/podwire/podwire/pkg/cniplumb"
 )
@@ -212,44 +211,18 @@ func legacyNATInUse(fam Family) bool {
 }
 
 // refCanUseNFT reports whether the reference plugin could drive nftables on this host:
-// it runs `nft` and requires version 1.0.1 or later (knftables). The version is cached
-// in LockDir per nft binary (path, size, mtime, inode), so only the first call after
-// an nft install or upgrade runs `nft --version`.
+// it runs `nft` and requires version 1.0.1 or later (knftables). The verdict is cached
+// per nft binary (cniplumb.FileVerdict), so only the first call after an nft install
+// or upgrade runs `nft --version`.
 func refCanUseNFT() bool {
 	path, err := exec.LookPath("nft")
 	if err != nil {
 		return false
 	}
-	fi, err := os.Stat(path)
-	if err != nil {
-		return false
-	}
-	var ino uint64
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		ino = st.Ino
-	}
-	key := fmt.Sprintf("%s %d %d %d", path, fi.Size(), fi.ModTime().UnixNano(), ino)
-	cache := filepath.Join(LockDir, "nft-version")
-	if b, err := os.ReadFile(cache); err == nil {
-		if k, v, ok := strings.Cut(strings.TrimSpace(string(b)), "\n"); ok && k == key {
-			return v == "ok"
-		}
-	}
-	out, err := exec.Command(path, "--version").Output()
-	ok := err == nil && nftVersionOK(string(out))
-	verdict := "old"
-	if ok {
-		verdict = "ok"
-	}
-	if os.MkdirAll(LockDir, 0o700) == nil {
-		tmp := fmt.Sprintf("%s.%d", cache, os.Getpid())
-		if os.WriteFile(tmp, []byte(key+"\n"+verdict+"\n"), 0o600) == nil {
-			if os.Rename(tmp, cache) != nil {
-				os.Remove(tmp)
-			}
-		}
-	}
-	return ok
+	return cniplumb.FileVerdict("nft-version", path, "knftables>=1.0.1", func() bool {
+		out, err := exec.Command(path, "--version").Output()
+		return err == nil && nftVersionOK(string(out))
+	})
 }
 
 // nftVersionOK reports whether `nft --version` output is a version knftables accepts

@@ -1,0 +1,38 @@
+package cniplumb
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// A verdict is computed once per file identity and extra, and again when either
+// changes.
+func TestFileVerdict(t *testing.T) {
+	old := RunDir
+	RunDir = t.TempDir()
+	defer func() { RunDir = old }()
+	file := filepath.Join(t.TempDir(), "tool")
+	if err := os.WriteFile(file, []byte("v1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	verdict := func(want bool) func() bool { return func() bool { calls++; return want } }
+	if !FileVerdict("t", file, "x", verdict(true)) || !FileVerdict("t", file, "x", verdict(false)) || calls != 1 {
+		t.Fatalf("cached verdict: calls %d", calls)
+	}
+	if FileVerdict("t", file, "y", verdict(false)) || calls != 2 {
+		t.Fatalf("another extra was not computed again: calls %d", calls)
+	}
+	time.Sleep(10 * time.Millisecond)
+	if err := os.WriteFile(file, []byte("v2, longer"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if !FileVerdict("t", file, "y", verdict(true)) || calls != 3 {
+		t.Fatalf("a changed file was not computed again: calls %d", calls)
+	}
+	if FileVerdict("t", filepath.Join(t.TempDir(), "missing"), "y", verdict(false)) || calls != 4 {
+		t.Fatalf("a missing file: calls %d", calls)
+	}
+}
