@@ -17,6 +17,8 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 	"unsafe"
 
@@ -29,6 +31,35 @@ import (
 func Supported() bool {
 	_, _, e := syscall.RawSyscall(unix.SYS_CLOSE_RANGE, uintptr(^uint32(0)), uintptr(^uint32(0)), 0)
 	return e == 0
+}
+
+// Worthwhile reports whether a fork would pay for itself now: whether a CPU is free
+// for it, i.e. no more runnable tasks (the caller included; the fourth field of
+// /proc/loadavg) than CPUs. A child takes a kernel wait off the caller's way out but
+// costs the CPU time of a fork, which on a small VM is milliseconds; when many plugins
+// run at once every CPU is busy, the wait costs nothing (the caller sleeps) and forks
+// would only slow everyone down, so callers then wait themselves.
+func Worthwhile() bool {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return true
+	}
+	return runnableFits(string(b), runtime.NumCPU())
+}
+
+// runnableFits parses /proc/loadavg ("0.52 0.58 0.59 2/467 12345") and reports whether
+// its runnable count is at most cpus.
+func runnableFits(loadavg string, cpus int) bool {
+	f := strings.Fields(loadavg)
+	if len(f) < 4 {
+		return true
+	}
+	run, _, ok := strings.Cut(f[3], "/")
+	n, err := strconv.Atoi(run)
+	if !ok || err != nil {
+		return true
+	}
+	return n <= cpus
 }
 
 // The runtime's own fork hooks, as package syscall uses them around fork: signals

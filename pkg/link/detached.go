@@ -77,8 +77,9 @@ func runHelper(v string) error {
 // DeleteDetached deletes the link name in the namespace nsPath ("" for the calling
 // thread's: the process's own, since podwire switches namespaces only on locked
 // threads) and returns once it has left the namespace, leaving the kernel's wait for
-// its memory to a child process. A missing link is success. If no child can do it,
-// the link is deleted here, waiting as DeleteByName does. The child of a plugin that
+// its memory to a child process. A missing link is success. If no child can do it, or
+// a fork would not pay for itself (forkchild.Worthwhile: every CPU busy, as when many
+// pods are deleted at once), the link is deleted here, waiting as DeleteByName does. The child of a plugin that
 // exits first is reaped by whoever inherits it (init, or the runtime if it is a
 // subreaper).
 func DeleteDetached(nsPath, name string) error {
@@ -110,11 +111,13 @@ func DeleteDetached(nsPath, name string) error {
 		_, err := h.LinkByIndex(index)
 		return IsNotFound(err)
 	}
-	if pid, err := forkDelete(nsh, index); err == nil && waitGone(pid, gone) == nil {
-		return nil
-	}
-	if err := startHelper(nsh, index, name, gone); err == nil {
-		return nil
+	if forkchild.Worthwhile() {
+		if pid, err := forkDelete(nsh, index); err == nil && waitGone(pid, gone) == nil {
+			return nil
+		}
+		if err := startHelper(nsh, index, name, gone); err == nil {
+			return nil
+		}
 	}
 	if err := h.LinkDel(l); err != nil && !IsNotFound(err) {
 		return fmt.Errorf("deleting %s: %w", name, err)

@@ -43,9 +43,10 @@ func RunSocketHolder() {
 // Nothing depends on the child: if it cannot start, the wait simply stays here.
 //
 // Where the kernel expedites RCU grace periods (/sys/kernel/rcu_expedited), the wait
-// is a few microseconds and forking costs more than it saves: nothing is handed off.
+// is a few microseconds and forking costs more than it saves: nothing is handed off;
+// neither when every CPU is busy (forkchild.Worthwhile).
 func DetachSockets() {
-	if graceIsExpedited() {
+	if graceIsExpedited() || !forkchild.Worthwhile() {
 		return
 	}
 	fds := netfilterSocketFDs()
