@@ -34,22 +34,43 @@ func Supported() bool {
 }
 
 // Worthwhile reports whether a fork would pay for itself now: whether a CPU is free
-// for it, i.e. no more runnable tasks (the caller included; the fourth field of
-// /proc/loadavg) than CPUs. A child takes a kernel wait off the caller's way out but
-// costs the CPU time of a fork, which on a small VM is milliseconds; when many plugins
-// run at once every CPU is busy, the wait costs nothing (the caller sleeps) and forks
-// would only slow everyone down, so callers then wait themselves.
+// for it, i.e. fewer runnable tasks of other processes (the fourth field of
+// /proc/loadavg, minus this process's running threads) than CPUs. A child takes a
+// kernel wait off the caller's way out but costs the CPU time of a fork, which on a
+// small VM is milliseconds; when many plugins run at once every CPU is busy, the wait
+// costs nothing (the caller sleeps) and forks would only slow everyone down, so
+// callers then wait themselves.
 func Worthwhile() bool {
 	b, err := os.ReadFile("/proc/loadavg")
 	if err != nil {
 		return true
 	}
-	return runnableFits(string(b), runtime.NumCPU())
+	return othersFit(string(b), ownRunning(), runtime.NumCPU())
 }
 
-// runnableFits parses /proc/loadavg ("0.52 0.58 0.59 2/467 12345") and reports whether
-// its runnable count is at most cpus.
-func runnableFits(loadavg string, cpus int) bool {
+// ownRunning counts this process's threads in state R.
+func ownRunning() int {
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return 1
+	}
+	n := 0
+	for _, t := range tasks {
+		b, err := os.ReadFile("/proc/self/task/" + t.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// "tid (comm) S ...": the state follows the last ')'.
+		if i := strings.LastIndexByte(string(b), ')'); i >= 0 && i+2 < len(b) && b[i+2] == 'R' {
+			n++
+		}
+	}
+	return max(n, 1) // the caller, reading
+}
+
+// othersFit parses /proc/loadavg ("0.52 0.58 0.59 2/467 12345") and reports whether
+// the runnable tasks other than own are fewer than cpus.
+func othersFit(loadavg string, own, cpus int) bool {
 	f := strings.Fields(loadavg)
 	if len(f) < 4 {
 		return true
@@ -59,7 +80,7 @@ func runnableFits(loadavg string, cpus int) bool {
 	if !ok || err != nil {
 		return true
 	}
-	return n <= cpus
+	return n-own < cpus
 }
 
 // The runtime's own fork hooks, as package syscall uses them around fork: signals
