@@ -15,22 +15,19 @@ import (
 // RunDir is a tmpfs: a reboot (or a new kernel) computes again. Without a usable
 // RunDir the verdict is computed every time.
 func FileVerdict(name, path, extra string, compute func() bool) bool {
-	var st unix.Stat_t
-	if unix.Stat(path, &st) != nil {
-		return compute()
-	}
-	key := fmt.Sprintf("%s %d %d %d %d %d %s", path, st.Dev, st.Ino, st.Size, st.Mtim.Nano(), st.Ctim.Nano(), extra)
-	cache := filepath.Join(RunDir, name)
-	if b, err := os.ReadFile(cache); err == nil {
-		if k, v, ok := strings.Cut(strings.TrimSpace(string(b)), "\n"); ok && k == key {
-			return v == "yes"
-		}
+	yes, found, key := cachedVerdict(name, path, extra)
+	if found {
+		return yes
 	}
 	ok := compute()
+	if key == "" {
+		return ok
+	}
 	verdict := "no"
 	if ok {
 		verdict = "yes"
 	}
+	cache := filepath.Join(RunDir, name)
 	if os.MkdirAll(RunDir, 0o700) == nil {
 		tmp := fmt.Sprintf("%s.%d", cache, os.Getpid())
 		if os.WriteFile(tmp, []byte(key+"\n"+verdict+"\n"), 0o600) == nil {
@@ -40,4 +37,27 @@ func FileVerdict(name, path, extra string, compute func() bool) bool {
 		}
 	}
 	return ok
+}
+
+// CachedVerdict returns the verdict FileVerdict cached for the file as it is now;
+// found is false when there is none (compute it with FileVerdict).
+func CachedVerdict(name, path, extra string) (yes, found bool) {
+	yes, found, _ = cachedVerdict(name, path, extra)
+	return yes, found
+}
+
+// cachedVerdict also returns the key for the file as it is now ("" if it cannot be
+// stat'ed).
+func cachedVerdict(name, path, extra string) (yes, found bool, key string) {
+	var st unix.Stat_t
+	if unix.Stat(path, &st) != nil {
+		return false, false, ""
+	}
+	key = fmt.Sprintf("%s %d %d %d %d %d %s", path, st.Dev, st.Ino, st.Size, st.Mtim.Nano(), st.Ctim.Nano(), extra)
+	if b, err := os.ReadFile(filepath.Join(RunDir, name)); err == nil {
+		if k, v, ok := strings.Cut(strings.TrimSpace(string(b)), "\n"); ok && k == key {
+			return v == "yes", true, key
+		}
+	}
+	return false, false, key
 }

@@ -39,9 +39,26 @@ func (b *HostPortIPTables) listChain(ctx context.Context, fam Family, chain stri
 	return parseListing(out), nil
 }
 
-// listBoth lists CNI-HOSTPORT-DNAT and, when masq, CNI-HOSTPORT-MASQ, concurrently.
+// listBoth lists CNI-HOSTPORT-DNAT and, when masq, CNI-HOSTPORT-MASQ: concurrently when
+// they are processes, one after the other on the direct iptables-nft path (a netlink
+// round trip each, on one socket).
 func (b *HostPortIPTables) listBoth(ctx context.Context, fam Family, masq bool) (hpState, error) {
 	st := hpState{dn: map[string]chainListing{}}
+	if xtDirectFor(fam) != nil {
+		top, err := b.listChain(ctx, fam, HostPortDNATChain)
+		if err != nil {
+			return st, err
+		}
+		st.top = top
+		if masq {
+			l, err := b.listChain(ctx, fam, HostPortMasqChain)
+			if err != nil {
+				return st, err
+			}
+			st.masq = &l
+		}
+		return st, nil
+	}
 	var merr error
 	done := make(chan struct{})
 	if masq {

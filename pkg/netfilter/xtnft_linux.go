@@ -67,19 +67,23 @@ func xtDirectFor(fam Family) *xtDirect {
 		if err != nil {
 			return
 		}
-		if real, err := filepath.EvalSymlinks(path); err == nil {
-			path = real
-		}
+		// The verdict is keyed by the file path resolves to (an alternatives switch to
+		// iptables-legacy is another file), the kernel and the codec.
 		var uts unix.Utsname
 		_ = unix.Uname(&uts)
 		extra := fmt.Sprintf("%s %s xtcodec-%d", fam, unix.ByteSliceToString(uts.Release[:]), xtCodecVersion)
-		// Plugins starting together after a boot wait for the first one's verdict
-		// instead of all running the check.
-		_ = os.MkdirAll(cniplumb.RunDir, 0o700)
-		if unlock, err := LockFile(filepath.Join(cniplumb.RunDir, "iptables-direct.lock")); err == nil {
-			defer unlock()
+		name := "iptables-direct-" + fam.String()
+		yes, found := cniplumb.CachedVerdict(name, path, extra)
+		if !found {
+			// Plugins starting together after a boot wait for the first one's
+			// verdict instead of all running the check.
+			_ = os.MkdirAll(cniplumb.RunDir, 0o700)
+			if unlock, err := LockFile(filepath.Join(cniplumb.RunDir, "iptables-direct.lock")); err == nil {
+				defer unlock()
+			}
+			yes = cniplumb.FileVerdict(name, path, extra, func() bool { return xtSelfCheck(fam, restore) == nil })
 		}
-		if cniplumb.FileVerdict("iptables-direct-"+fam.String(), path, extra, func() bool { return xtSelfCheck(fam, restore) == nil }) {
+		if yes {
 			directFor[i] = &xtDirect{fam: fam}
 		}
 	})
