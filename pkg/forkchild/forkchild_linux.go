@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -127,6 +128,72 @@ func Hold(fds []int) error {
 	return nil
 }
 
+// vmProg is what the child of cloneVM runs: the close_range pairs, then an optional
+// write and an optional one-byte read. Its field offsets are spelled out in
+// clonevm_amd64.s (TestVMProgLayout checks them).
+type vmProg struct {
+	n       uint64     // 0: entries used in ranges
+	ranges  [32]uint64 // 8: [lo, hi] pairs
+	writeFD int64      // 264
+	wp, wn  uint64     // 272, 280
+	readFD  int64      // 288
+	rp      uint64     // 296
+	msg     [512]byte  // 304: what wp points to
+	rbuf    [8]byte    // 816: what rp points to
+}
+
+// vmSlots are the programs of cloneVM children: static memory, each slot used by one
+// child only (a child may read its slot after this process has moved on).
+var (
+	vmSlots [8]vmProg
+	vmNext  atomic.Int32
+	vmOff   bool // tests: the fork path
+)
+
+// forkVM runs the child program through cloneVM when this architecture has it and
+// the program fits a slot; ok is false otherwise (then fork).
+//
+//go:norace
+//go:nocheckptr
+func forkVM(keep []int, writeFD int, msg []byte, readFD int) (pid int, ok bool, err error) {
+	if !haveCloneVM || vmOff || len(msg) > len(vmProg{}.msg) || 2*len(keep)+2 > len(vmProg{}.ranges) {
+		return 0, false, nil
+	}
+	i := int(vmNext.Add(1)) - 1
+	if i >= len(vmSlots) {
+		return 0, false, nil
+	}
+	p := &vmSlots[i]
+	slices.Sort(keep)
+	lo := uint64(0)
+	for _, k := range keep {
+		if k < 0 {
+			return 0, true, fmt.Errorf("forkchild: bad descriptor %d", k)
+		}
+		if uint64(k) > lo {
+			p.ranges[p.n], p.ranges[p.n+1] = lo, uint64(k)-1
+			p.n += 2
+		}
+		lo = uint64(k) + 1
+	}
+	p.ranges[p.n], p.ranges[p.n+1] = lo, uint64(^uint32(0))
+	p.n += 2
+	p.writeFD, p.readFD = int64(writeFD), int64(readFD)
+	copy(p.msg[:], msg)
+	p.wp, p.wn = uint64(uintptr(unsafe.Pointer(&p.msg[0]))), uint64(len(msg))
+	p.rp = uint64(uintptr(unsafe.Pointer(&p.rbuf[0])))
+
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	runtimeBeforeFork()
+	r, e := cloneVM(p)
+	runtimeAfterFork()
+	if e != 0 {
+		return 0, true, fmt.Errorf("forkchild: clone: %w", syscall.Errno(e))
+	}
+	return int(r), true, nil
+}
+
 // Exited reports whether the child pid (from Send) has exited, and reaps it then.
 func Exited(pid int) bool {
 	var ws unix.WaitStatus
@@ -145,6 +212,9 @@ func Exited(pid int) bool {
 func fork(keep []int, writeFD int, msg []byte, readFD int) (int, error) {
 	if !Supported() {
 		return 0, errors.New("forkchild: close_range(2) is not available")
+	}
+	if pid, ok, err := forkVM(keep, writeFD, msg, readFD); ok {
+		return pid, err
 	}
 	// The ranges to close, computed before the fork: [lo, hi] pairs around keep.
 	slices.Sort(keep)

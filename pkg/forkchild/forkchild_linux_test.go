@@ -35,8 +35,20 @@ func TestSupported(t *testing.T) {
 }
 
 // TestSend: the child writes the message, and keeps none of the parent's other
-// descriptors (a pipe the parent closes reads EOF at once).
+// descriptors (a pipe the parent closes reads EOF at once), through clone(CLONE_VM)
+// where the architecture has it and through a plain fork.
 func TestSend(t *testing.T) {
+	before := vmNext.Load()
+	t.Run("default", testSend)
+	if haveCloneVM && vmNext.Load() == before {
+		t.Error("Send did not use clone(CLONE_VM)")
+	}
+	vmOff = true
+	defer func() { vmOff = false }()
+	t.Run("fork", testSend)
+}
+
+func testSend(t *testing.T) {
 	if !Supported() {
 		t.Skip("close_range(2) missing")
 	}

@@ -1,6 +1,9 @@
 package forkchild
 
-import "testing"
+import (
+	"testing"
+	"unsafe"
+)
 
 func TestOthersFit(t *testing.T) {
 	for _, tc := range []struct {
@@ -26,5 +29,19 @@ func TestOthersFit(t *testing.T) {
 func TestOwnRunning(t *testing.T) {
 	if n := ownRunning(); n < 1 {
 		t.Errorf("ownRunning() = %d", n)
+	}
+}
+
+// clonevm_amd64.s reads vmProg at these offsets.
+func TestVMProgLayout(t *testing.T) {
+	var p vmProg
+	for name, got := range map[string]uintptr{
+		"n": unsafe.Offsetof(p.n), "ranges": unsafe.Offsetof(p.ranges), "writeFD": unsafe.Offsetof(p.writeFD),
+		"wp": unsafe.Offsetof(p.wp), "wn": unsafe.Offsetof(p.wn), "readFD": unsafe.Offsetof(p.readFD), "rp": unsafe.Offsetof(p.rp),
+	} {
+		want := map[string]uintptr{"n": 0, "ranges": 8, "writeFD": 264, "wp": 272, "wn": 280, "readFD": 288, "rp": 296}[name]
+		if got != want {
+			t.Errorf("vmProg.%s at offset %d, clonevm_amd64.s reads %d", name, got, want)
+		}
 	}
 }
