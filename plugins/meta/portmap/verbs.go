@@ -110,16 +110,27 @@ func (pm *portmap) add(ctx context.Context, in *cniplumb.Input) (_ types.Result,
 		return nil, err
 	}
 	undo.push(func() error { return pm.state.remove(owner) })
-	if err := fw.Apply(ctx, plan); err != nil {
-		return nil, fmt.Errorf("installing host ports of %s with %s: %w", owner, kind, err)
+	// route_localnet and the rules are independent (the marker already names both):
+	// set the knob while the rules go in.
+	var holdErr error
+	held := make(chan struct{})
+	go func() {
+		defer close(held)
+		if m.Localnet != "" {
+			holdErr = pm.localnet.hold(m.Localnet, netfilter.IDOf(owner))
+		}
+	}()
+	applyErr := fw.Apply(ctx, plan)
+	<-held
+	if m.Localnet != "" && holdErr == nil {
+		undo.push(func() error { return pm.localnet.release(m.Localnet, netfilter.IDOf(owner)) })
+	}
+	if applyErr != nil {
+		return nil, fmt.Errorf("installing host ports of %s with %s: %w", owner, kind, applyErr)
 	}
 	undo.push(func() error { return fw.Remove(context.WithoutCancel(ctx), owner, plan.Families()) })
-	if m.Localnet != "" {
-		id := netfilter.IDOf(owner)
-		if err := pm.localnet.hold(m.Localnet, id); err != nil {
-			return nil, err
-		}
-		undo.push(func() error { return pm.localnet.release(m.Localnet, id) })
+	if holdErr != nil {
+		return nil, holdErr
 	}
 	// Flush only after the DNAT exists: flushing first lets a packet in between
 	// re-create the very entry removed.
@@ -177,16 +188,23 @@ func (pm *portmap) del(ctx context.Context, in *cniplumb.Input) error {
 		return err
 	}
 	if ok {
-		if err := pm.removeWith(ctx, kindsOf(m), owner, m.Families); err != nil {
+		// Release route_localnet (while the rules go) before the marker goes: a DEL
+		// killed in between then leaves the marker, and the next DEL finishes the job;
+		// the other order would leave route_localnet held by an attachment nobody can
+		// find.
+		released := make(chan struct{})
+		go func() {
+			defer close(released)
+			if m.Localnet != "" {
+				pm.releaseLocalnet(m.Localnet, netfilter.IDOf(owner))
+			}
+		}()
+		err := pm.removeWith(ctx, kindsOf(m), owner, m.Families)
+		<-released
+		if err != nil {
 			return err
 		}
 		pm.flush(m)
-		// Release route_localnet before the marker goes: a DEL killed in between then
-		// leaves the marker, and the next DEL finishes the job; the other order would
-		// leave route_localnet held by an attachment nobody can find.
-		if m.Localnet != "" {
-			pm.releaseLocalnet(m.Localnet, netfilter.IDOf(owner))
-		}
 		if err := pm.state.remove(owner); err != nil {
 			return err
 		}
