@@ -1,8 +1,13 @@
 // Package forkchild starts short-lived children that take a wait off a plugin's way out:
-// a forked copy of the process that runs a few raw system calls on memory prepared
-// before the fork, then exits. It is not a general fork: nothing in the child may call
-// into the Go runtime (allocate, grow the stack, schedule), which is not usable in a
-// forked copy of a multi-threaded process, so each child program is written out here.
+// a child process that runs a few raw system calls on memory prepared before it was
+// started, then exits. On amd64 the child shares the plugin's memory
+// (clone(CLONE_VM), a few instructions of assembly on registers and a static program:
+// nothing is copied, so it costs about a thread's creation); elsewhere, or when its
+// static slots are used up, it is a forked copy. It is not a general fork: nothing in
+// the child may call into the Go runtime (allocate, grow the stack, schedule), which
+// is not usable in a child of a multi-threaded process, so each child program is
+// written out here. Worthwhile tells callers when a child does not pay (every CPU
+// busy).
 //
 // Common to both programs: the runtime's fork hooks block all signals across the fork
 // (none is ever handled in the child) and make any stack growth in the child fatal, the child first closes every descriptor it does not need (the
