@@ -296,7 +296,9 @@ func (n *Netlink) Remove(_ context.Context, r Removal) error {
 // removeEgress removes podwire's redirects from dev (nil: gone), then the IFBs, once
 // nothing redirects into them any more. It keeps going after errors. found reports a
 // redirect into one of the IFBs on dev; byPrio also takes any redirect at FilterPrio
-// as podwire's.
+// as podwire's. With detached deletions and byPrio (a redirect is then recognized
+// without the IFB's index), the IFBs' deletion runs while the redirects go: a
+// redirect into a deleted IFB just drops until it is removed, and DEL wants both gone.
 func (n *Netlink) removeEgress(dev netlink.Link, names []string, byPrio bool) (found bool, _ error) {
 	var errs []error
 	targets := map[int]bool{}
@@ -312,21 +314,35 @@ func (n *Netlink) removeEgress(dev netlink.Link, names []string, byPrio bool) (f
 			ifbs = append(ifbs, l)
 		}
 	}
+	deleteIFBs := func() []error {
+		var errs []error
+		for _, l := range ifbs {
+			var err error
+			if n.detach {
+				err = link.DeleteDetached("", l.Attrs().Name)
+			} else if err = n.h.LinkDel(l); isNotFound(err) {
+				err = nil
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("deleting IFB %s: %w", l.Attrs().Name, err))
+			}
+		}
+		return errs
+	}
+	var deleted chan []error
+	if n.detach && byPrio && dev != nil {
+		deleted = make(chan []error, 1)
+		go func() { deleted <- deleteIFBs() }()
+	}
 	if dev != nil {
 		var rerrs []error
 		found, rerrs = n.removeRedirects(dev, targets, byPrio)
 		errs = append(errs, rerrs...)
 	}
-	for _, l := range ifbs {
-		var err error
-		if n.detach {
-			err = link.DeleteDetached("", l.Attrs().Name)
-		} else if err = n.h.LinkDel(l); isNotFound(err) {
-			err = nil
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("deleting IFB %s: %w", l.Attrs().Name, err))
-		}
+	if deleted != nil {
+		errs = append(errs, <-deleted...)
+	} else {
+		errs = append(errs, deleteIFBs()...)
 	}
 	return found, errors.Join(errs...)
 }
