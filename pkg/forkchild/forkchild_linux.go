@@ -46,7 +46,12 @@ func Supported() bool {
 // small VM is milliseconds; when many plugins run at once every CPU is busy, the wait
 // costs nothing (the caller sleeps) and forks would only slow everyone down, so
 // callers then wait themselves.
+//
+// A child through cloneVM costs about a thread's creation: always worthwhile.
 func Worthwhile() bool {
+	if haveCloneVM && !vmOff && vmNext.Load() < int32(len(vmSlots)) {
+		return true
+	}
 	b, err := os.ReadFile("/proc/loadavg")
 	if err != nil {
 		return true
