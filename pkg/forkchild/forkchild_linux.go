@@ -140,7 +140,7 @@ func Hold(fds []int) error {
 
 // vmProg is what the child of cloneVM runs: the close_range pairs, then an optional
 // write and an optional one-byte read. Its field offsets are spelled out in
-// clonevm_amd64.s (TestVMProgLayout checks them).
+// clonevm_linux_amd64.s (TestVMProgLayout checks them).
 type vmProg struct {
 	n       uint64     // 0: entries used in ranges
 	ranges  [32]uint64 // 8: [lo, hi] pairs

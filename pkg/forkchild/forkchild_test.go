@@ -32,7 +32,7 @@ func TestOwnRunning(t *testing.T) {
 	}
 }
 
-// clonevm_amd64.s reads vmProg at these offsets.
+// clonevm_linux_amd64.s reads vmProg at these offsets.
 func TestVMProgLayout(t *testing.T) {
 	var p vmProg
 	for name, got := range map[string]uintptr{
@@ -41,7 +41,7 @@ func TestVMProgLayout(t *testing.T) {
 	} {
 		want := map[string]uintptr{"n": 0, "ranges": 8, "writeFD": 264, "wp": 272, "wn": 280, "readFD": 288, "rp": 296}[name]
 		if got != want {
-			t.Errorf("vmProg.%s at offset %d, clonevm_amd64.s reads %d", name, got, want)
+			t.Errorf("vmProg.%s at offset %d, clonevm_linux_amd64.s reads %d", name, got, want)
 		}
 	}
 }

@@ -23,7 +23,13 @@ type nfnl struct {
 	fd  int
 	seq uint32
 	buf []byte
+	// broken: an exchange ended early, and replies (or a dump in progress) may still be
+	// queued on the socket; it is not used again.
+	broken bool
 }
+
+// errDumpInterrupted is a dump the ruleset changed under (NLM_F_DUMP_INTR): read again.
+var errDumpInterrupted = errors.New("the nf_tables ruleset changed during a listing")
 
 func dialNFNL() (*nfnl, error) {
 	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
@@ -37,6 +43,11 @@ func dialNFNL() (*nfnl, error) {
 	// A reply never waits forever (the kernel answers at once; this only bounds a bug).
 	tv := unix.Timeval{Sec: 30}
 	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	// Room for every acknowledgement of a large batch: the kernel queues them all
+	// before the first read (as iptables-nft and nft size theirs).
+	if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 4<<20) != nil {
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20)
+	}
 	return &nfnl{fd: fd, seq: uint32(time.Now().UnixNano()), buf: make([]byte, 256<<10)}, nil
 }
 
@@ -79,7 +90,12 @@ type nfReply struct {
 
 // exchange sends reqs in one sendmsg and collects each one's replies. At most one of
 // them may be a dump (the kernel runs one dump at a time per socket).
-func (n *nfnl) exchange(reqs []nfMsg) ([]nfReply, error) {
+func (n *nfnl) exchange(reqs []nfMsg) (_ []nfReply, err error) {
+	defer func() {
+		if err != nil {
+			n.broken = true
+		}
+	}()
 	var b []byte
 	first := n.seq + 1
 	for _, m := range reqs {
@@ -108,12 +124,26 @@ func (n *nfnl) exchange(reqs []nfMsg) ([]nfReply, error) {
 				if len(m.Data) >= 4 {
 					if e := -int32(binary.NativeEndian.Uint32(m.Data)); e != 0 {
 						out[i].err = unix.Errno(e)
+						if unix.Errno(e) == unix.EPERM {
+							// Refused before any request was looked at: no other
+							// reply comes.
+							return nil, fmt.Errorf("nf_tables: %w", unix.EPERM)
+						}
 					}
 				}
 				finish()
 			case unix.NLMSG_DONE:
+				// A dump that stopped early says why in its DONE.
+				if len(m.Data) >= 4 && out[i].err == nil {
+					if e := -int32(binary.NativeEndian.Uint32(m.Data)); e != 0 {
+						out[i].err = unix.Errno(e)
+					}
+				}
 				finish()
 			default:
+				if m.Header.Flags&unix.NLM_F_DUMP_INTR != 0 && out[i].err == nil {
+					out[i].err = errDumpInterrupted
+				}
 				if len(m.Data) >= 4 {
 					a, err := decodeAttrs(m.Data[4:])
 					if err != nil {
@@ -138,9 +168,6 @@ func (n *nfnl) receive() ([]syscall.NetlinkMessage, error) {
 		}
 		if err != nil {
 			return nil, fmt.Errorf("reading from nf_tables: %w", err)
-		}
-		if k > len(n.buf) {
-			return nil, errors.New("reading from nf_tables: reply truncated")
 		}
 		return syscall.ParseNetlinkMessage(n.buf[:k])
 	}
@@ -401,10 +428,16 @@ var errGenChanged = errors.New("the nf_tables ruleset changed while the change w
 // gen (the kernel refuses it with ERESTART otherwise: errGenChanged). It returns the
 // first error the kernel reports, naming the message; the batch is then not applied
 // at all.
-func (n *nfnl) commit(gen uint32, msgs []nfMsg) error {
+func (n *nfnl) commit(gen uint32, msgs []nfMsg) (err error) {
 	if len(msgs) == 0 {
 		return nil
 	}
+	defer func() {
+		// A refused generation leaves nothing queued; anything else may.
+		if err != nil && err != errGenChanged {
+			n.broken = true
+		}
+	}()
 	begin := newAttrs()
 	begin.u32(unix.NFNL_BATCH_GENID, gen)
 	n.seq++

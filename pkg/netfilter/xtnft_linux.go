@@ -111,7 +111,7 @@ func (d *xtDirect) conn() (*nfnl, error) {
 	if err := unix.Stat("/proc/thread-self/ns/net", &st); err != nil {
 		return nil, fmt.Errorf("identifying the network namespace: %w", err)
 	}
-	if d.nl != nil && d.netns == st.Ino {
+	if d.nl != nil && d.netns == st.Ino && !d.nl.broken {
 		return d.nl, nil
 	}
 	d.drop()
@@ -189,7 +189,13 @@ type listed struct {
 
 // readChain lists a chain; ok is false when it does not exist.
 func (d *xtDirect) readChain(n *nfnl, table, chain string) (rules []listed, ok bool, err error) {
-	_, rs, ok, err := n.chainRules(d.nfFamily(), table, chain)
+	var rs []nfRule
+	for attempt := 0; ; attempt++ {
+		_, rs, ok, err = n.chainRules(d.nfFamily(), table, chain)
+		if !errors.Is(err, errDumpInterrupted) || attempt == 5 {
+			break
+		}
+	}
 	if err != nil || !ok {
 		return nil, ok, err
 	}
@@ -389,7 +395,6 @@ func (d *xtDirect) restore(script string) error {
 		if err == nil {
 			return nil
 		}
-		d.drop()
 		if errors.Is(err, errGenChanged) && attempt < 20 {
 			continue
 		}
@@ -402,6 +407,7 @@ type xtModel struct {
 	table  bool
 	chains map[string]bool     // exists (after the ops so far)
 	rules  map[string][]listed // chains listed for -D, minus what was deleted
+	added  map[string]bool     // chains this script appended or inserted into
 }
 
 // plan reads what the script depends on at one generation and turns it into nf_tables
@@ -423,7 +429,7 @@ func (d *xtDirect) plan(n *nfnl, table string, ops []xtOp) (uint32, []nfMsg, err
 	if err != nil {
 		return 0, nil, err
 	}
-	m := xtModel{table: tableOK, chains: exist, rules: map[string][]listed{}}
+	m := xtModel{table: tableOK, chains: exist, rules: map[string][]listed{}, added: map[string]bool{}}
 	exists := func(c string) (bool, error) {
 		if v, ok := m.chains[c]; ok {
 			return v, nil
@@ -531,7 +537,12 @@ func (d *xtDirect) plan(n *nfnl, table string, ops []xtOp) (uint32, []nfMsg, err
 				flags |= netlink.Append
 			}
 			msgs = append(msgs, nfMsg{typ: unix.NFT_MSG_NEWRULE, fam: fam, flags: flags, attrs: a.bytes()})
+			m.added[op.chain] = true
 		case "-D":
+			if m.added[op.chain] {
+				// The listing below does not hold rules this script added.
+				return 0, nil, unsupported("-D after -A/-I in chain %s", op.chain)
+			}
 			rules, ok := m.rules[op.chain]
 			if !ok {
 				listedRules, found, err := d.readChain(n, table, op.chain)
@@ -586,7 +597,8 @@ func (d *xtDirect) plan(n *nfnl, table string, ops []xtOp) (uint32, []nfMsg, err
 				}
 				return 0, nil, err
 			}
-			msgs = append(msgs, nfMsg{typ: unix.NFT_MSG_DELCHAIN, fam: fam, attrs: chainAttrs(op.chain).bytes()})
+			// NLM_F_NONREC: a chain that still has rules is an error, as in iptables.
+			msgs = append(msgs, nfMsg{typ: unix.NFT_MSG_DELCHAIN, fam: fam, flags: unix.NLM_F_NONREC, attrs: chainAttrs(op.chain).bytes()})
 			m.chains[op.chain] = false
 			delete(m.rules, op.chain)
 		}

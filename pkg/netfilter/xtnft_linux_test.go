@@ -1,6 +1,7 @@
 package netfilter
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -69,10 +70,17 @@ func TestXTDirectRestore(t *testing.T) {
 			log = append(log, "err="+errText(err)+"\n"+l)
 		}
 		step(":PW-T - [0:0]\n-A PW-T -p tcp -m tcp --dport 1 -j RETURN\n-A PW-T -p tcp -m tcp --dport 2 -j RETURN\n-A PREROUTING -j PW-T")
-		step("-A PW-T -p tcp -m tcp --dport 3 -j RETURN\n-D PW-T -p tcp -m tcp --dport 9 -j RETURN")
+		step("-D PW-T -p tcp -m tcp --dport 9 -j RETURN\n-A PW-T -p tcp -m tcp --dport 3 -j RETURN")
+		if err := d.restore("*nat\n-A PW-T -j RETURN\n-D PW-T -j RETURN\nCOMMIT\n"); !errors.Is(err, errXTUnsupported) {
+			log = append(log, "a -D after an -A in the same chain: "+errText(err))
+		}
 		step("-D PW-T -p tcp -m tcp --dport 1 -j RETURN\n-I PW-T 1 -p udp -m udp --dport 4 -j RETURN")
 		step("-A PW-T -j NO-SUCH-CHAIN")
 		step(":PW-T - [0:0]\n-A PW-T -j ACCEPT")
+		// -X of a chain that still has rules fails, as in iptables.
+		if err := d.restore("*nat\n-X PW-T\nCOMMIT\n"); err == nil {
+			log = append(log, "-X deleted a chain that has rules")
+		}
 		return log, nil
 	})
 	if err != nil {
@@ -80,10 +88,13 @@ func TestXTDirectRestore(t *testing.T) {
 	}
 	want := []string{
 		"err=\n-N PW-T\n-A PW-T -p tcp -m tcp --dport 1 -j RETURN\n-A PW-T -p tcp -m tcp --dport 2 -j RETURN\n",
-		"err=line 3: no rule \"-p tcp -m tcp --dport 9 -j RETURN\" in chain PW-T (does a matching rule exist in that chain?)\n-N PW-T\n-A PW-T -p tcp -m tcp --dport 1 -j RETURN\n-A PW-T -p tcp -m tcp --dport 2 -j RETURN\n",
+		"err=line 2: no rule \"-p tcp -m tcp --dport 9 -j RETURN\" in chain PW-T (does a matching rule exist in that chain?)\n-N PW-T\n-A PW-T -p tcp -m tcp --dport 1 -j RETURN\n-A PW-T -p tcp -m tcp --dport 2 -j RETURN\n",
 		"err=\n-N PW-T\n-A PW-T -p udp -m udp --dport 4 -j RETURN\n-A PW-T -p tcp -m tcp --dport 2 -j RETURN\n",
 		"err=line 2: chain 'NO-SUCH-CHAIN' does not exist\n-N PW-T\n-A PW-T -p udp -m udp --dport 4 -j RETURN\n-A PW-T -p tcp -m tcp --dport 2 -j RETURN\n",
 		"err=\n-N PW-T\n-A PW-T -j ACCEPT\n",
+	}
+	if len(out) != len(want) {
+		t.Errorf("%d results, want %d: %q", len(out), len(want), out)
 	}
 	for i := range want {
 		if i >= len(out) || out[i] != want[i] {

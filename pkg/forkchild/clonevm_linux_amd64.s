@@ -4,7 +4,7 @@
 //
 // clone(CLONE_VM|SIGCHLD) with the caller's stack pointer: the child shares this
 // process's memory and stack, so from here on it touches neither: registers only (R12
-// holds prog, which lives in static memory), until exit_group. See clonevm_amd64.go.
+// holds prog, which lives in static memory), until exit_group. See clonevm_linux_amd64.go.
 TEXT ·cloneVM(SB),NOSPLIT,$0-24
 	MOVQ	prog+0(FP), R12
 	MOVQ	$0x111, DI	// CLONE_VM (0x100) | SIGCHLD (17)
