@@ -217,16 +217,14 @@ func (d *xtDirect) readChain(n *nfnl, table, chain string) (rules []listed, ok b
 func opaqueText(fam Family, r nfRule) string {
 	b := []string{"-m", "podwire-undecoded", "--handle", strconv.FormatUint(r.handle, 10)}
 	for _, e := range r.exprs {
-		var one xtSpec
 		a, err := decodeAttrs(e.data)
 		if err != nil {
 			continue
 		}
 		switch e.name {
 		case "match":
-			one.proto = "tcp" // lets decodeMatch accept port matches; only comments are used
-			if cstr(a[1]) == "comment" && decodeMatch(&one, "comment", 0, a[3]) {
-				b = append(b, "-m", "comment", "--comment", xtSaveString(one.matches[0].comment))
+			if cstr(a[1]) == "comment" {
+				b = append(b, "-m", "comment", "--comment", xtSaveString(cstr(a[3])))
 			}
 		case "immediate":
 			if s, ok := decodeXTSpec(fam, []nfExpr{e}); ok && s.target.kind == "jump" {
