@@ -599,3 +599,89 @@ func TestHostLocalBadInput(t *testing.T) {
 		t.Errorf("bad input created %v in the data dir", ents)
 	}
 }
+
+// TestHostLocalSIGTERMWhileWaitingForLock: a host-local ADD blocked on the lease
+// directory's lock (held here, as another process would) ends with code 11 when the
+// runtime sends SIGTERM, and leaves no lease.
+func TestHostLocalSIGTERMWhileWaitingForLock(t *testing.T) {
+	h := nstest.New(t)
+	pod := h.NewPod()
+	before := h.Snapshot()
+	name := h.Name("sigterm")
+	dir := filepath.Join(h.DataDir, name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	lf, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lf.Close()
+	if err := unix.Flock(int(lf.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	conf := `{"cniVersion":"1.1.0","name":"` + name + `","type":"host-local","ipam":{"type":"host-local","dataDir":"` +
+		h.DataDir + `","ranges":[[{"subnet":"10.82.0.0/24"}]]}}`
+	var cmd *exec.Cmd
+	var stdout strings.Builder
+	if err := h.InHost(func() error {
+		cmd = exec.Command(filepath.Join(h.BinDir, "host-local"))
+		cmd.Env = []string{"CNI_PATH=" + h.BinDir, "CNI_COMMAND=ADD", "CNI_CONTAINERID=sigterm1",
+			"CNI_IFNAME=eth0", "CNI_NETNS=" + pod.Path()}
+		cmd.Stdin = strings.NewReader(conf)
+		cmd.Stdout = &stdout
+		return cmd.Start()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until one of its threads sits in flock(2): the verb is then waiting on the
+	// lock and has asked for the context's Done channel.
+	deadline := time.Now().Add(20 * time.Second)
+	for !inSyscall(cmd.Process.Pid, unix.SYS_FLOCK) {
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			t.Fatalf("host-local never waited in flock; stdout %q", stdout.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := cmd.Process.Signal(unix.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("after SIGTERM: %v (want exit status 1, not death by signal); stdout %q", err, stdout.String())
+	}
+	ce, err := nstest.CNIError(stdout.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ce.Code != 11 {
+		t.Errorf("code %d %q, want 11 (try again later)", ce.Code, ce.Error())
+	}
+	_ = unix.Flock(int(lf.Fd()), unix.LOCK_UN)
+	list := h.Conflist(`{"cniVersion":"1.1.0","name":"` + name + `","plugins":[{"type":"host-local","ipam":{"type":"host-local","dataDir":"@DATADIR@","ranges":[[{"subnet":"10.82.0.0/24"}]]}}]}`)
+	if got := leaseFiles(t, h, list); len(got) != 0 {
+		t.Errorf("leases after the cancelled ADD: %v", got)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	h.RequireUnchanged(before)
+}
+
+// inSyscall reports whether a thread of pid is inside system call nr.
+func inSyscall(pid int, nr int) bool {
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/syscall", pid))
+	for _, f := range tasks {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		if fields := strings.Fields(string(b)); len(fields) > 0 && fields[0] == fmt.Sprint(nr) {
+			return true
+		}
+	}
+	return false
+}

@@ -9,10 +9,8 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"runtime/debug"
 	"strings"
-	"syscall"
 
 	cnins "github.com/containernetworking/cni/pkg/ns"
 	"github.com/containernetworking/cni/pkg/skel"
@@ -90,8 +88,9 @@ func run(name string, v Verbs, env func(string) string) *types.Error {
 		}
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
+	sc := newSignalContext()
+	defer sc.release()
+	var ctx context.Context = sc
 
 	funcs := skel.CNIFuncs{
 		Add: wrap(ctx, name, env, func(ctx context.Context, in *Input) error {

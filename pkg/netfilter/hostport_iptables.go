@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/podwire/podwire/pkg/cniplumb"
 )
@@ -50,8 +51,14 @@ const (
 var (
 	hpEntryDNAT = "-m addrtype --dst-type LOCAL -j " + HostPortDNATChain
 	hpEntryMasq = `-m comment --comment "CNI portfwd requiring masquerade" -j ` + HostPortMasqChain
-	hpMasqRe    = regexp.MustCompile(`^-A ` + HostPortMasqChain + ` -m mark --mark 0x[0-9a-f]+/0x[0-9a-f]+ -j MASQUERADE$`)
-	hpRefRe     = regexp.MustCompile(`--comment "dnat name: \\"([^"\\]*)\\" id: \\"([^"\\]*)\\""`)
+	// Compiled on first use: every plugin that links this package would pay for them
+	// at start otherwise.
+	hpMasqRe = sync.OnceValue(func() *regexp.Regexp {
+		return regexp.MustCompile(`^-A ` + HostPortMasqChain + ` -m mark --mark 0x[0-9a-f]+/0x[0-9a-f]+ -j MASQUERADE$`)
+	})
+	hpRefRe = sync.OnceValue(func() *regexp.Regexp {
+		return regexp.MustCompile(`--comment "dnat name: \\"([^"\\]*)\\" id: \\"([^"\\]*)\\""`)
+	})
 )
 
 // multiportMax is how many ports one multiport match takes.
@@ -168,7 +175,7 @@ func jumpTarget(line string) string {
 
 // refOwner parses the reference portmap's jump comment `dnat name: "N" id: "C"`.
 func refOwner(line string) (network, containerID string, ok bool) {
-	m := hpRefRe.FindStringSubmatch(line)
+	m := hpRefRe().FindStringSubmatch(line)
 	if m == nil {
 		return "", "", false
 	}
@@ -301,7 +308,7 @@ func planHostPortIPTables(fam Family, st hpState, ch hpChange) (*restoreScript, 
 		}
 		dels = append(dels, "-D PREROUTING "+hpEntryDNAT, "-D OUTPUT "+hpEntryDNAT)
 		post = append(post, "-X "+HostPortDNATChain)
-		if st.masq.exists && st.masq.onlyMatches(hpMasqRe) {
+		if st.masq.exists && st.masq.onlyMatches(hpMasqRe()) {
 			dels = append(dels, "-D POSTROUTING "+hpEntryMasq)
 			decl = append(decl, ":"+HostPortMasqChain+" - [0:0]")
 			post = append(post, "-X "+HostPortMasqChain)

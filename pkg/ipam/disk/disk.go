@@ -151,6 +151,7 @@ func lock(ctx context.Context, fd int) error {
 	} else if !errors.Is(err, unix.EWOULDBLOCK) {
 		return ioError("locking the lease directory", err)
 	}
+	cancelled := ctx.Done() // before the wait starts: a signal handler may go in here
 	done := make(chan error, 1)
 	// If ctx ends first, the caller closes fd; the lock this goroutine may still get
 	// belongs to that closed file and is dropped when flock returns.
@@ -161,7 +162,7 @@ func lock(ctx context.Context, fd int) error {
 			return ioError("locking the lease directory", err)
 		}
 		return nil
-	case <-ctx.Done():
+	case <-cancelled:
 		return cniplumb.TryAgain("the lease directory lock", ctx.Err())
 	}
 }
