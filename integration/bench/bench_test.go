@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -269,7 +270,14 @@ func rtFor(r *runner, id, ifName string, caps map[string]any) *libcni.RuntimeCon
 // available returns the runners whose set ships all of types, noting the others.
 func available(tbl *table, runners []*runner, types ...string) []*runner {
 	var out []*runner
+	// PODWIRE_BENCH_SETS=floor,podwire leaves the other sets out, for working on one
+	// (the reference's concurrent rounds alone take minutes); their cells are n/a.
+	only := os.Getenv("PODWIRE_BENCH_SETS")
 	for _, r := range runners {
+		if only != "" && !slices.Contains(strings.Split(only, ","), r.set.Name) {
+			tbl.note("%s left out by PODWIRE_BENCH_SETS=%s: its cells are n/a", r.set.Name, only)
+			continue
+		}
 		if r.set.Has(types...) {
 			out = append(out, r)
 		} else {

@@ -2,8 +2,12 @@ package bench
 
 import (
 	"fmt"
+	"os"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -52,10 +56,18 @@ func (e *env) runBurst(r *runner, list *libcni.NetworkConfigList, n, round int) 
 			}(i)
 		}
 		time.Sleep(50 * time.Millisecond) // let every goroutine reach the gate
+		var ru0, ru1 syscall.Rusage
+		_ = syscall.Getrusage(syscall.RUSAGE_CHILDREN, &ru0)
+		cpu0 := cpuBusy()
 		t0 := time.Now()
 		close(start)
 		wg.Wait()
 		wall := time.Since(t0)
+		_ = syscall.Getrusage(syscall.RUSAGE_CHILDREN, &ru1)
+		fmt.Printf("XXX %s n=%d wall %v children user %v sys %v machine busy %v\n", r.set.Name, n, wall.Round(time.Millisecond),
+			time.Duration(syscall.TimevalToNsec(ru1.Utime)-syscall.TimevalToNsec(ru0.Utime)).Round(time.Millisecond),
+			time.Duration(syscall.TimevalToNsec(ru1.Stime)-syscall.TimevalToNsec(ru0.Stime)).Round(time.Millisecond),
+			(cpuBusy() - cpu0).Round(time.Millisecond))
 		failed := 0
 		for _, err := range res {
 			if err != nil {
@@ -154,4 +166,18 @@ func benchConcurrent(e *env, t *testing.T) {
 			}
 		}
 	}
+}
+
+func cpuBusy() time.Duration {
+	b, _ := os.ReadFile("/proc/stat")
+	f := strings.Fields(strings.SplitN(string(b), "\n", 2)[0])
+	var t int64
+	for i, v := range f[1:] {
+		if i == 3 || i == 4 {
+			continue
+		}
+		n, _ := strconv.ParseInt(v, 10, 64)
+		t += n
+	}
+	return time.Duration(t) * 10 * time.Millisecond
 }

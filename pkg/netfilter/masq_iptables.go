@@ -60,7 +60,24 @@ func xtTokens(line string) []string {
 
 // xtQuote quotes s for an iptables-restore line, as `iptables -S` prints comments.
 func xtQuote(s string) string {
-	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s) + `"`
+	return `"` + backslashEscape(s, `"\`) + `"`
+}
+
+// backslashEscape puts a backslash before every byte of s that is in special (ASCII
+// only). It is what a strings.Replacer would do, without building one per call.
+func backslashEscape(s, special string) string {
+	if !strings.ContainsAny(s, special) {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(len(s) + 8)
+	for i := 0; i < len(s); i++ {
+		if strings.IndexByte(special, s[i]) >= 0 {
+			b.WriteByte('\\')
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }
 
 // parseXTRules parses the "-A" lines of `iptables -S` output.

@@ -1,6 +1,7 @@
 package netfilter
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -84,7 +85,7 @@ func (m nfMsg) nlType() uint16 { return uint16(unix.NFNL_SUBSYS_NFTABLES<<8) | m
 
 // nfReply is what one request got back: data messages' attributes, or an error.
 type nfReply struct {
-	msgs []map[uint16][]byte
+	msgs []nlAttrs
 	err  error
 }
 
@@ -169,7 +170,9 @@ func (n *nfnl) receive() ([]syscall.NetlinkMessage, error) {
 		if err != nil {
 			return nil, fmt.Errorf("reading from nf_tables: %w", err)
 		}
-		return syscall.ParseNetlinkMessage(n.buf[:k])
+		// The buffer is reused for the next read; what is parsed from it is kept (a
+		// listing's attributes alias it), so the messages get memory of their own.
+		return syscall.ParseNetlinkMessage(bytes.Clone(n.buf[:k]))
 	}
 }
 
@@ -201,30 +204,88 @@ func (a attrs) bytes() []byte {
 	return b
 }
 
-// decodeAttrs splits b into attribute type → payload (nesting flags cleared).
-func decodeAttrs(b []byte) (map[uint16][]byte, error) {
-	ad, err := netlink.NewAttributeDecoder(b)
-	if err != nil {
-		return nil, err
-	}
-	out := map[uint16][]byte{}
-	for ad.Next() {
-		out[ad.Type()] = ad.Bytes()
-	}
-	return out, ad.Err()
+// nlAttrs are one message's attributes by type, nesting flags cleared. nf_tables
+// types are small, so they index an array of offsets into the message: a rule listing
+// decodes thousands of these, and maps of copied payloads made most of its cost.
+type nlAttrs struct {
+	buf  []byte
+	span [nlAttrSlots][2]uint32 // payload of type t: buf[span[t][0]:span[t][1]]
+	seen uint32                 // bit t: type t was present (possibly empty)
+	more []nlAttrKV             // types ≥ nlAttrSlots; none that podwire reads
 }
 
-// decodeList returns the payloads of a NLA list (NFTA_LIST_ELEM entries).
+const nlAttrSlots = 16
+
+type nlAttrKV struct {
+	t uint16
+	v []byte
+}
+
+// lookup returns the payload of type t and whether the message had it.
+func (a *nlAttrs) lookup(t uint16) ([]byte, bool) {
+	if t < nlAttrSlots {
+		if a.seen&(1<<t) == 0 {
+			return nil, false
+		}
+		sp := a.span[t]
+		return a.buf[sp[0]:sp[1]:sp[1]], true
+	}
+	for i := len(a.more) - 1; i >= 0; i-- {
+		if a.more[i].t == t {
+			return a.more[i].v, true
+		}
+	}
+	return nil, false
+}
+
+// get returns the payload of type t (nil when absent).
+func (a *nlAttrs) get(t uint16) []byte { v, _ := a.lookup(t); return v }
+
+// has reports whether the message had an attribute of type t.
+func (a *nlAttrs) has(t uint16) bool { _, ok := a.lookup(t); return ok }
+
+var errBadAttr = errors.New("malformed netlink attribute")
+
+// decodeAttrs splits b into its attributes. The payloads alias b (receive hands out
+// messages in memory of their own). A repeated type keeps its last payload.
+func decodeAttrs(b []byte) (nlAttrs, error) {
+	a := nlAttrs{buf: b}
+	for i := 0; i < len(b); {
+		if len(b)-i < unix.SizeofNlAttr {
+			return a, errBadAttr
+		}
+		l := int(binary.NativeEndian.Uint16(b[i:]))
+		t := binary.NativeEndian.Uint16(b[i+2:]) &^ (unix.NLA_F_NESTED | unix.NLA_F_NET_BYTEORDER)
+		if l < unix.SizeofNlAttr || l > len(b)-i {
+			return a, errBadAttr
+		}
+		if t < nlAttrSlots {
+			a.span[t] = [2]uint32{uint32(i + unix.SizeofNlAttr), uint32(i + l)}
+			a.seen |= 1 << t
+		} else {
+			a.more = append(a.more, nlAttrKV{t, b[i+unix.SizeofNlAttr : i+l : i+l]})
+		}
+		i = min(i+(l+3)&^3, len(b))
+	}
+	return a, nil
+}
+
+// decodeList returns the payloads of a NLA list (NFTA_LIST_ELEM entries); they
+// alias b.
 func decodeList(b []byte) ([][]byte, error) {
-	ad, err := netlink.NewAttributeDecoder(b)
-	if err != nil {
-		return nil, err
-	}
 	var out [][]byte
-	for ad.Next() {
-		out = append(out, ad.Bytes())
+	for len(b) > 0 {
+		if len(b) < unix.SizeofNlAttr {
+			return nil, errBadAttr
+		}
+		l := int(binary.NativeEndian.Uint16(b))
+		if l < unix.SizeofNlAttr || l > len(b) {
+			return nil, errBadAttr
+		}
+		out = append(out, b[unix.SizeofNlAttr:l:l])
+		b = b[min((l+3)&^3, len(b)):]
 	}
-	return out, ad.Err()
+	return out, nil
 }
 
 func cstr(b []byte) string {
@@ -237,7 +298,7 @@ func cstr(b []byte) string {
 }
 
 // get runs one request and returns the replies' attributes (after the nfgenmsg).
-func (n *nfnl) get(m nfMsg) ([]map[uint16][]byte, error) {
+func (n *nfnl) get(m nfMsg) ([]nlAttrs, error) {
 	r, err := n.exchange([]nfMsg{m})
 	if err != nil {
 		return nil, err
@@ -253,7 +314,7 @@ type nfChain struct {
 	prio   int32
 	typ    string
 	policy uint32
-	attrs  map[uint16][]byte
+	attrs  nlAttrs
 }
 
 func getChainMsg(fam byte, table, name string) nfMsg {
@@ -282,22 +343,22 @@ func chainFromReply(r nfReply, table, name string) (nfChain, bool, error) {
 	if len(r.msgs) != 1 {
 		return nfChain{}, false, fmt.Errorf("reading chain %s of table %s: %d replies", name, table, len(r.msgs))
 	}
-	m := r.msgs[0]
-	c := nfChain{name: cstr(m[unix.NFTA_CHAIN_NAME]), attrs: m, typ: cstr(m[unix.NFTA_CHAIN_TYPE])}
-	if h, ok := m[unix.NFTA_CHAIN_HOOK]; ok {
+	m := &r.msgs[0]
+	c := nfChain{name: cstr(m.get(unix.NFTA_CHAIN_NAME)), attrs: *m, typ: cstr(m.get(unix.NFTA_CHAIN_TYPE))}
+	if h, ok := m.lookup(unix.NFTA_CHAIN_HOOK); ok {
 		ha, err := decodeAttrs(h)
 		if err != nil {
 			return c, false, err
 		}
 		c.hooked = true
-		if v := ha[unix.NFTA_HOOK_HOOKNUM]; len(v) == 4 {
+		if v := ha.get(unix.NFTA_HOOK_HOOKNUM); len(v) == 4 {
 			c.hook = binary.BigEndian.Uint32(v)
 		}
-		if v := ha[unix.NFTA_HOOK_PRIORITY]; len(v) == 4 {
+		if v := ha.get(unix.NFTA_HOOK_PRIORITY); len(v) == 4 {
 			c.prio = int32(binary.BigEndian.Uint32(v))
 		}
 	}
-	if v := m[unix.NFTA_CHAIN_POLICY]; len(v) == 4 {
+	if v := m.get(unix.NFTA_CHAIN_POLICY); len(v) == 4 {
 		c.policy = binary.BigEndian.Uint32(v)
 	}
 	return c, true, nil
@@ -309,9 +370,10 @@ func rulesFromReply(r nfReply, table, chain string) ([]nfRule, error) {
 		return nil, fmt.Errorf("listing the rules of chain %s of table %s: %w", chain, table, r.err)
 	}
 	var out []nfRule
-	for _, m := range r.msgs {
+	for i := range r.msgs {
+		m := &r.msgs[i]
 		// Kernels without dump filtering return every rule of the family.
-		if cstr(m[unix.NFTA_RULE_TABLE]) != table || cstr(m[unix.NFTA_RULE_CHAIN]) != chain {
+		if cstr(m.get(unix.NFTA_RULE_TABLE)) != table || cstr(m.get(unix.NFTA_RULE_CHAIN)) != chain {
 			continue
 		}
 		rule, err := parseNFRule(m)
@@ -360,10 +422,10 @@ func (n *nfnl) state(fam byte, table string, chains []string) (gen uint32, table
 	if err != nil {
 		return 0, false, nil, err
 	}
-	if r[0].err != nil || len(r[0].msgs) != 1 || len(r[0].msgs[0][unix.NFTA_GEN_ID]) != 4 {
+	if r[0].err != nil || len(r[0].msgs) != 1 || len(r[0].msgs[0].get(unix.NFTA_GEN_ID)) != 4 {
 		return 0, false, nil, fmt.Errorf("reading the nf_tables generation: %v", r[0].err)
 	}
-	gen = binary.BigEndian.Uint32(r[0].msgs[0][unix.NFTA_GEN_ID])
+	gen = binary.BigEndian.Uint32(r[0].msgs[0].get(unix.NFTA_GEN_ID))
 	if r[1].err != nil && !isNoEnt(r[1].err) {
 		return 0, false, nil, fmt.Errorf("reading table %s: %w", table, r[1].err)
 	}
@@ -401,13 +463,13 @@ func (n *nfnl) rules(fam byte, table, chain string) ([]nfRule, error) {
 	return rulesFromReply(r[0], table, chain)
 }
 
-func parseNFRule(r map[uint16][]byte) (nfRule, error) {
+func parseNFRule(r *nlAttrs) (nfRule, error) {
 	var rule nfRule
-	if v := r[unix.NFTA_RULE_HANDLE]; len(v) == 8 {
+	if v := r.get(unix.NFTA_RULE_HANDLE); len(v) == 8 {
 		rule.handle = binary.BigEndian.Uint64(v)
 	}
-	rule.udata = r[unix.NFTA_RULE_USERDATA]
-	elems, err := decodeList(r[unix.NFTA_RULE_EXPRESSIONS])
+	rule.udata = r.get(unix.NFTA_RULE_USERDATA)
+	elems, err := decodeList(r.get(unix.NFTA_RULE_EXPRESSIONS))
 	if err != nil {
 		return rule, fmt.Errorf("rule %d: %w", rule.handle, err)
 	}
@@ -416,7 +478,7 @@ func parseNFRule(r map[uint16][]byte) (nfRule, error) {
 		if err != nil {
 			return rule, fmt.Errorf("rule %d: %w", rule.handle, err)
 		}
-		rule.exprs = append(rule.exprs, nfExpr{name: cstr(ea[unix.NFTA_EXPR_NAME]), data: ea[unix.NFTA_EXPR_DATA]})
+		rule.exprs = append(rule.exprs, nfExpr{name: cstr(ea.get(unix.NFTA_EXPR_NAME)), data: ea.get(unix.NFTA_EXPR_DATA)})
 	}
 	return rule, nil
 }

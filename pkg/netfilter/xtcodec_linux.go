@@ -289,7 +289,7 @@ func xtSaveString(v string) string {
 	if simple {
 		return v
 	}
-	return `"` + strings.NewReplacer(`"`, `\"`, `\`, `\\`, `'`, `\'`).Replace(v) + `"`
+	return `"` + backslashEscape(v, `"\'`) + `"`
 }
 
 // text renders s as `iptables -S` prints it (without "-A <chain> ").
@@ -606,32 +606,32 @@ func decodeXTSpec(fam Family, exprs []nfExpr) (s xtSpec, ok bool) {
 		switch ex.name {
 		case "counter":
 		case "meta":
-			if _, set := a[unix.NFTA_META_SREG]; set || u32(a[unix.NFTA_META_DREG]) != nftReg1 {
+			if a.has(unix.NFTA_META_SREG) || u32(a.get(unix.NFTA_META_DREG)) != nftReg1 {
 				return s, false
 			}
-			ld = load{isLoaded: true, isMeta: true, meta: u32(a[unix.NFTA_META_KEY])}
+			ld = load{isLoaded: true, isMeta: true, meta: u32(a.get(unix.NFTA_META_KEY))}
 		case "payload":
-			if u32(a[unix.NFTA_PAYLOAD_DREG]) != nftReg1 {
+			if u32(a.get(unix.NFTA_PAYLOAD_DREG)) != nftReg1 {
 				return s, false
 			}
-			ld = load{isLoaded: true, base: u32(a[unix.NFTA_PAYLOAD_BASE]), off: u32(a[unix.NFTA_PAYLOAD_OFFSET]), len: u32(a[unix.NFTA_PAYLOAD_LEN])}
+			ld = load{isLoaded: true, base: u32(a.get(unix.NFTA_PAYLOAD_BASE)), off: u32(a.get(unix.NFTA_PAYLOAD_OFFSET)), len: u32(a.get(unix.NFTA_PAYLOAD_LEN))}
 		case "bitwise":
-			if !ld.isLoaded || ld.mask != nil || u32(a[unix.NFTA_BITWISE_SREG]) != nftReg1 || u32(a[unix.NFTA_BITWISE_DREG]) != nftReg1 {
+			if !ld.isLoaded || ld.mask != nil || u32(a.get(unix.NFTA_BITWISE_SREG)) != nftReg1 || u32(a.get(unix.NFTA_BITWISE_DREG)) != nftReg1 {
 				return s, false
 			}
-			if op, set := a[nftaBitwiseOp]; set && u32(op) != 0 {
+			if op, set := a.lookup(nftaBitwiseOp); set && u32(op) != 0 {
 				return s, false
 			}
-			mask, ok1 := nestedValue(a[unix.NFTA_BITWISE_MASK])
-			xor, ok2 := nestedValue(a[unix.NFTA_BITWISE_XOR])
-			if !ok1 || !ok2 || len(mask) != int(u32(a[unix.NFTA_BITWISE_LEN])) || !allZero(xor) {
+			mask, ok1 := nestedValue(a.get(unix.NFTA_BITWISE_MASK))
+			xor, ok2 := nestedValue(a.get(unix.NFTA_BITWISE_XOR))
+			if !ok1 || !ok2 || len(mask) != int(u32(a.get(unix.NFTA_BITWISE_LEN))) || !allZero(xor) {
 				return s, false
 			}
 			ld.mask = mask
 		case "cmp":
-			v, ok1 := nestedValue(a[unix.NFTA_CMP_DATA])
-			op := u32(a[unix.NFTA_CMP_OP])
-			if !ld.isLoaded || !ok1 || u32(a[unix.NFTA_CMP_SREG]) != nftReg1 || (op != nftCmpEq && op != nftCmpNeq) {
+			v, ok1 := nestedValue(a.get(unix.NFTA_CMP_DATA))
+			op := u32(a.get(unix.NFTA_CMP_OP))
+			if !ld.isLoaded || !ok1 || u32(a.get(unix.NFTA_CMP_SREG)) != nftReg1 || (op != nftCmpEq && op != nftCmpNeq) {
 				return s, false
 			}
 			neq := op == nftCmpNeq
@@ -640,28 +640,28 @@ func decodeXTSpec(fam Family, exprs []nfExpr) (s xtSpec, ok bool) {
 			}
 			ld = load{}
 		case "match":
-			if ld.isLoaded || !decodeMatch(&s, cstr(a[1]), u32(a[2]), a[3]) {
+			if ld.isLoaded || !decodeMatch(&s, cstr(a.get(1)), u32(a.get(2)), a.get(3)) {
 				return s, false
 			}
 		case "target":
-			if ld.isLoaded || !decodeTarget(fam, &s, cstr(a[1]), u32(a[2]), a[3]) {
+			if ld.isLoaded || !decodeTarget(fam, &s, cstr(a.get(1)), u32(a.get(2)), a.get(3)) {
 				return s, false
 			}
 		case "immediate":
-			if ld.isLoaded || u32(a[unix.NFTA_IMMEDIATE_DREG]) != nftRegVerdict {
+			if ld.isLoaded || u32(a.get(unix.NFTA_IMMEDIATE_DREG)) != nftRegVerdict {
 				return s, false
 			}
-			d, err := decodeAttrs(a[unix.NFTA_IMMEDIATE_DATA])
+			d, err := decodeAttrs(a.get(unix.NFTA_IMMEDIATE_DATA))
 			if err != nil {
 				return s, false
 			}
-			v, err := decodeAttrs(d[unix.NFTA_DATA_VERDICT])
+			v, err := decodeAttrs(d.get(unix.NFTA_DATA_VERDICT))
 			if err != nil {
 				return s, false
 			}
-			switch code := u32(v[unix.NFTA_VERDICT_CODE]); code {
+			switch code := u32(v.get(unix.NFTA_VERDICT_CODE)); code {
 			case nftJump:
-				s.target = xtTarget{valid: true, kind: "jump", name: cstr(v[unix.NFTA_VERDICT_CHAIN])}
+				s.target = xtTarget{valid: true, kind: "jump", name: cstr(v.get(unix.NFTA_VERDICT_CHAIN))}
 			case nfAccept, nfDrop, nftReturn:
 				s.target = xtTarget{valid: true, kind: "verdict", name: map[uint32]string{nfAccept: "ACCEPT", nfDrop: "DROP", nftReturn: "RETURN"}[code]}
 			default:
@@ -682,7 +682,7 @@ func nestedValue(b []byte) ([]byte, bool) {
 	if err != nil {
 		return nil, false
 	}
-	v, ok := a[unix.NFTA_DATA_VALUE]
+	v, ok := a.lookup(unix.NFTA_DATA_VALUE)
 	return v, ok
 }
 

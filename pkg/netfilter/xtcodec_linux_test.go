@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // Every rule shape the iptables backends write, in the text `iptables -S` prints:
@@ -163,6 +165,42 @@ func TestParseXTScript(t *testing.T) {
 			t.Errorf("%q parsed", bad)
 		} else if err != nil && !errors.Is(err, errXTUnsupported) {
 			t.Errorf("%q: %v, want errXTUnsupported", bad, err)
+		}
+	}
+}
+
+func TestDecodeAttrs(t *testing.T) {
+	a := newAttrs()
+	a.str(unix.NFTA_CHAIN_NAME, "x")             // 3, padded
+	a.raw(unix.NFTA_CHAIN_TYPE, nil)             // present but empty
+	a.u32(30, 7)                                 // beyond the array
+	a.nest(unix.NFTA_CHAIN_HOOK, func(n attrs) { // nested flag set on the wire
+		n.u32(unix.NFTA_HOOK_HOOKNUM, 2)
+	})
+	got, err := decodeAttrs(a.bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cstr(got.get(unix.NFTA_CHAIN_NAME)) != "x" || !got.has(unix.NFTA_CHAIN_TYPE) || got.has(unix.NFTA_CHAIN_POLICY) {
+		t.Errorf("name %q, type present %v, policy present %v", got.get(unix.NFTA_CHAIN_NAME), got.has(unix.NFTA_CHAIN_TYPE), got.has(unix.NFTA_CHAIN_POLICY))
+	}
+	if v := got.get(30); len(v) != 4 || v[3] != 7 {
+		t.Errorf("type 30: %x", v)
+	}
+	h, ok := got.lookup(unix.NFTA_CHAIN_HOOK)
+	if !ok {
+		t.Fatal("nested attribute not found under its type")
+	}
+	hook, err := decodeAttrs(h)
+	if err != nil || len(hook.get(unix.NFTA_HOOK_HOOKNUM)) != 4 {
+		t.Errorf("nested: %v %x", err, hook.get(unix.NFTA_HOOK_HOOKNUM))
+	}
+	for _, bad := range [][]byte{{1}, {3, 0, 1, 0}, {9, 0, 1, 0, 0}} {
+		if _, err := decodeAttrs(bad); err == nil {
+			t.Errorf("decodeAttrs(%x) accepted a malformed attribute", bad)
+		}
+		if _, err := decodeList(bad); err == nil {
+			t.Errorf("decodeList(%x) accepted a malformed attribute", bad)
 		}
 	}
 }

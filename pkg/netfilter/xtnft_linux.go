@@ -183,8 +183,18 @@ func isBase(table, chain string) bool {
 type listed struct {
 	handle uint64
 	text   string
-	tokens []string
 	opaque bool
+}
+
+// is reports whether the rule is the one a -C or -D names: canonical is the text the
+// listing would print for it (one renderer made both, so equal rules have equal
+// text); without one (a spec the codec cannot parse, such as an opaque listing's
+// text) the tokens are compared, as iptables compares arguments.
+func (r listed) is(canonical string, tokens []string) bool {
+	if canonical != "" {
+		return r.text == canonical
+	}
+	return sameRule(xtTokens(r.text), tokens)
 }
 
 // readChain lists a chain; ok is false when it does not exist.
@@ -206,7 +216,6 @@ func (d *xtDirect) readChain(n *nfnl, table, chain string) (rules []listed, ok b
 		} else {
 			l.text, l.opaque = opaqueText(d.fam, r), true
 		}
-		l.tokens = xtTokens(l.text)
 		rules = append(rules, l)
 	}
 	return rules, true, nil
@@ -223,8 +232,8 @@ func opaqueText(fam Family, r nfRule) string {
 		}
 		switch e.name {
 		case "match":
-			if cstr(a[1]) == "comment" {
-				b = append(b, "-m", "comment", "--comment", xtSaveString(cstr(a[3])))
+			if cstr(a.get(1)) == "comment" {
+				b = append(b, "-m", "comment", "--comment", xtSaveString(cstr(a.get(3))))
 			}
 		case "immediate":
 			if s, ok := decodeXTSpec(fam, []nfExpr{e}); ok && s.target.kind == "jump" {
@@ -265,7 +274,7 @@ func (d *xtDirect) tool() string {
 }
 
 func (d *xtDirect) check(table, chain string, spec []string) error {
-	want, err := canonicalSpec(d.fam, spec)
+	want, err := canonicalText(d.fam, spec)
 	if err != nil {
 		return err
 	}
@@ -278,20 +287,20 @@ func (d *xtDirect) check(table, chain string, spec []string) error {
 		return err
 	}
 	for _, r := range rules {
-		if sameRule(r.tokens, want) {
+		if r.is(want, nil) {
 			return nil
 		}
 	}
 	return fmt.Errorf("%s -t %s -C %s %s: no such rule", d.tool(), table, chain, strings.Join(spec, " "))
 }
 
-// canonicalSpec returns spec's tokens as the listing prints them.
-func canonicalSpec(fam Family, spec []string) ([]string, error) {
+// canonicalText returns spec as the listing prints it.
+func canonicalText(fam Family, spec []string) (string, error) {
 	s, err := parseXTSpec(fam, spec)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
-	return xtTokens(s.text()), nil
+	return s.text(), nil
 }
 
 // xtOp is one line of a restore script.
@@ -300,7 +309,9 @@ type xtOp struct {
 	op    string // ":" declare (create, or flush if it exists), -A, -I, -D, -F, -X
 	chain string
 	spec  xtSpec
-	del   []string // -D: the rule's tokens as listed (canonical when they parse)
+	del   []string // -D: the rule's tokens as the script gives them
+	// delText is the -D rule as the listing prints it, when the codec parses it.
+	delText string
 }
 
 // parseXTScript parses an iptables-restore script of one table.
@@ -352,9 +363,10 @@ func parseXTScript(fam Family, script string) (table string, ops []xtOp, err err
 			}
 			op.spec, err = parseXTSpec(fam, rest)
 		case "-D":
-			if op.del, err = canonicalSpec(fam, rest); err != nil {
+			op.del = rest
+			if op.delText, err = canonicalText(fam, rest); err != nil {
 				// A listed rule the codec could not decode: its opaque text names it.
-				op.del, err = rest, nil
+				err = nil
 			}
 		case "-F", "-X":
 			if len(rest) != 0 {
@@ -554,7 +566,7 @@ func (d *xtDirect) plan(n *nfnl, table string, ops []xtOp) (uint32, []nfMsg, err
 			}
 			idx := -1
 			for i, r := range rules {
-				if sameRule(r.tokens, op.del) {
+				if r.is(op.delText, op.del) {
 					idx = i
 					break
 				}
@@ -728,7 +740,7 @@ func xtSnapshot(fam Family) ([]string, error) {
 			continue
 		}
 		out = append(out, fmt.Sprintf("chain %s hooked=%v hook=%d prio=%d policy=%d type=%q flags=%x udata=%x",
-			c, ch.hooked, ch.hook, ch.prio, ch.policy, ch.typ, ch.attrs[10], ch.attrs[13]))
+			c, ch.hooked, ch.hook, ch.prio, ch.policy, ch.typ, ch.attrs.get(10), ch.attrs.get(13)))
 		rs, err := n.rules(d.nfFamily(), "nat", c)
 		if err != nil {
 			return nil, err

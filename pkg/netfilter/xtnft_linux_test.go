@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-func requireNFTIPTables(t *testing.T, fam Family) string {
+func requireNFTIPTables(t testing.TB, fam Family) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
