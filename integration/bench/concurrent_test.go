@@ -2,10 +2,7 @@ package bench
 
 import (
 	"fmt"
-	"os"
 	"sort"
-	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -19,6 +16,7 @@ import (
 // then all DELs, and how many of each failed.
 type burst struct {
 	add, del         time.Duration
+	addCPU, delCPU   time.Duration // user+system time of the plugin processes
 	addFail, delFail int
 }
 
@@ -43,7 +41,7 @@ func (e *env) runBurst(r *runner, list *libcni.NetworkConfigList, n, round int) 
 	}()
 	c := e.cni(r.set)
 	var errs []error
-	all := func(op func(rt *libcni.RuntimeConf) error) (time.Duration, int) {
+	all := func(op func(rt *libcni.RuntimeConf) error) (time.Duration, time.Duration, int) {
 		start := make(chan struct{})
 		res := make([]error, n)
 		var wg sync.WaitGroup
@@ -58,16 +56,13 @@ func (e *env) runBurst(r *runner, list *libcni.NetworkConfigList, n, round int) 
 		time.Sleep(50 * time.Millisecond) // let every goroutine reach the gate
 		var ru0, ru1 syscall.Rusage
 		_ = syscall.Getrusage(syscall.RUSAGE_CHILDREN, &ru0)
-		cpu0 := cpuBusy()
 		t0 := time.Now()
 		close(start)
 		wg.Wait()
 		wall := time.Since(t0)
 		_ = syscall.Getrusage(syscall.RUSAGE_CHILDREN, &ru1)
-		fmt.Printf("XXX %s n=%d wall %v children user %v sys %v machine busy %v\n", r.set.Name, n, wall.Round(time.Millisecond),
-			time.Duration(syscall.TimevalToNsec(ru1.Utime)-syscall.TimevalToNsec(ru0.Utime)).Round(time.Millisecond),
-			time.Duration(syscall.TimevalToNsec(ru1.Stime)-syscall.TimevalToNsec(ru0.Stime)).Round(time.Millisecond),
-			(cpuBusy() - cpu0).Round(time.Millisecond))
+		cpu := time.Duration(syscall.TimevalToNsec(ru1.Utime) - syscall.TimevalToNsec(ru0.Utime) +
+			syscall.TimevalToNsec(ru1.Stime) - syscall.TimevalToNsec(ru0.Stime))
 		failed := 0
 		for _, err := range res {
 			if err != nil {
@@ -77,23 +72,25 @@ func (e *env) runBurst(r *runner, list *libcni.NetworkConfigList, n, round int) 
 				}
 			}
 		}
-		return wall, failed
+		return wall, cpu, failed
 	}
 	var b burst
-	b.add, b.addFail = all(func(rt *libcni.RuntimeConf) error {
+	b.add, b.addCPU, b.addFail = all(func(rt *libcni.RuntimeConf) error {
 		_, err := c.AddNetworkList(ctxBG(), list, rt)
 		return err
 	})
-	b.del, b.delFail = all(func(rt *libcni.RuntimeConf) error { return c.DelNetworkList(ctxBG(), list, rt) })
+	b.del, b.delCPU, b.delFail = all(func(rt *libcni.RuntimeConf) error { return c.DelNetworkList(ctxBG(), list, rt) })
 	return b, errs
 }
 
 func benchConcurrent(e *env, t *testing.T) {
 	tbl := e.rep.section("4. Concurrent pods",
-		"pods at once", "op", "floor wall s", "reference wall s", "podwire wall s", "reference / podwire")
+		"pods at once", "op", "floor wall s", "reference wall s", "podwire wall s", "reference / podwire",
+		"plugin CPU s: floor / reference / podwire")
 	tbl.intro = "n full-chain ADDs started at once (distinct container IDs and hostPorts, a fresh pod netns each, " +
 		"made before timing), wall time until the last returns; then their n DELs the same way. " +
 		"Seconds, median over the rounds (max in parentheses), and failed calls out of all calls in those rounds. " +
+		"The last column is the user+system time of the plugin processes of one round (median): with more pods than cores, wall time follows it. " +
 		defaultBackends
 	sizes := []struct{ n, rounds int }{{32, 3}, {100, 2}}
 	if e.quick {
@@ -102,8 +99,8 @@ func benchConcurrent(e *env, t *testing.T) {
 	}
 	runners := available(tbl, e.baseRunners(), chainTypes...)
 	type agg struct {
-		add, del         []time.Duration
-		addFail, delFail int
+		add, del, addCPU, delCPU []time.Duration
+		addFail, delFail         int
 	}
 	for _, sz := range sizes {
 		res := map[*runner]*agg{}
@@ -118,16 +115,31 @@ func benchConcurrent(e *env, t *testing.T) {
 				b, errs := e.runBurst(r, list, sz.n, round)
 				a := res[r]
 				a.add, a.del = append(a.add, b.add), append(a.del, b.del)
+				a.addCPU, a.delCPU = append(a.addCPU, b.addCPU), append(a.delCPU, b.delCPU)
 				a.addFail += b.addFail
 				a.delFail += b.delFail
 				for _, err := range errs {
 					tbl.note("%s, %d pods, round %d: %s", r.label, sz.n, round+1, oneLine(err))
 				}
-				t.Logf("%s %d pods round %d: ADD %s (%d failed), DEL %s (%d failed)", r.label, sz.n, round+1,
-					b.add.Round(time.Millisecond), b.addFail, b.del.Round(time.Millisecond), b.delFail)
+				t.Logf("%s %d pods round %d: ADD %s (%d failed, CPU %s), DEL %s (%d failed, CPU %s)", r.label, sz.n, round+1,
+					b.add.Round(time.Millisecond), b.addFail, b.addCPU.Round(time.Millisecond),
+					b.del.Round(time.Millisecond), b.delFail, b.delCPU.Round(time.Millisecond))
 			}
 		}
 		for _, op := range []string{"ADD", "DEL"} {
+			cpuOf := func(s *set) string {
+				for r, a := range res {
+					if r.set == s {
+						cpus := a.addCPU
+						if op == "DEL" {
+							cpus = a.delCPU
+						}
+						med, _ := medianMax(cpus)
+						return fmt.Sprintf("%.2f", med.Seconds())
+					}
+				}
+				return "n/a"
+			}
 			cellOf := func(s *set) (string, time.Duration) {
 				for r, a := range res {
 					if r.set != s {
@@ -137,13 +149,8 @@ func benchConcurrent(e *env, t *testing.T) {
 					if op == "DEL" {
 						walls, fails = a.del, a.delFail
 					}
-					sorted := append([]time.Duration(nil), walls...)
-					sort.Slice(sorted, func(i, j int) bool { return sorted[i] < sorted[j] })
-					med := sorted[len(sorted)/2]
-					if len(sorted)%2 == 0 {
-						med = (sorted[len(sorted)/2-1] + med) / 2
-					}
-					return fmt.Sprintf("%.2f (%.2f), %d/%d failed", med.Seconds(), sorted[len(sorted)-1].Seconds(),
+					med, max := medianMax(walls)
+					return fmt.Sprintf("%.2f (%.2f), %d/%d failed", med.Seconds(), max.Seconds(),
 						fails, sz.n*sz.rounds), med
 				}
 				return "n/a", 0
@@ -155,7 +162,8 @@ func benchConcurrent(e *env, t *testing.T) {
 			if rm > 0 && om > 0 {
 				rat = fmt.Sprintf("%.1f×", rm.Seconds()/om.Seconds())
 			}
-			tbl.row(fmt.Sprintf("%d", sz.n), op, f, rc, oc, rat)
+			tbl.row(fmt.Sprintf("%d", sz.n), op, f, rc, oc, rat,
+				cpuOf(e.floor)+" / "+cpuOf(e.ref)+" / "+cpuOf(e.ours))
 			if sz.n == 32 {
 				var ok *bool
 				if om > 0 {
@@ -168,16 +176,14 @@ func benchConcurrent(e *env, t *testing.T) {
 	}
 }
 
-func cpuBusy() time.Duration {
-	b, _ := os.ReadFile("/proc/stat")
-	f := strings.Fields(strings.SplitN(string(b), "\n", 2)[0])
-	var t int64
-	for i, v := range f[1:] {
-		if i == 3 || i == 4 {
-			continue
-		}
-		n, _ := strconv.ParseInt(v, 10, 64)
-		t += n
+// medianMax returns the median (the mean of the middle two for an even count) and the
+// largest of d.
+func medianMax(d []time.Duration) (med, max time.Duration) {
+	sorted := append([]time.Duration(nil), d...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i] < sorted[j] })
+	med = sorted[len(sorted)/2]
+	if len(sorted)%2 == 0 {
+		med = (sorted[len(sorted)/2-1] + med) / 2
 	}
-	return time.Duration(t) * 10 * time.Millisecond
+	return med, sorted[len(sorted)-1]
 }
