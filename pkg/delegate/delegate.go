@@ -1,5 +1,5 @@
 // Package delegate runs delegated plugins (IPAM plugins named in ipam.type): executed
-// from CNI_PATH as invoke.Delegate* does, or, when the file found is podwire's own
+// from CNI_PATH as the CNI library's invoke.Delegate* does (exec.go), or, when the file found is podwire's own
 // build of a plugin whose verbs the caller links in, in the caller's process. It is a
 // package of its own so that only plugins that delegate link debug/buildinfo.
 package delegate
@@ -14,7 +14,6 @@ import (
 	"runtime"
 	"runtime/debug"
 
-	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/types"
 	"golang.org/x/sys/unix"
 
@@ -44,7 +43,7 @@ type Builtin struct {
 func (d Delegator) Add(ctx context.Context, in *cniplumb.Input, plugin string) (types.Result, error) {
 	v, ok := d.local(in, plugin)
 	if !ok || v.Add == nil {
-		return invoke.DelegateAdd(ctx, plugin, in.Stdin, nil)
+		return execAdd(ctx, plugin, in.Stdin)
 	}
 	var res types.Result
 	err := runLocal(plugin, func() error {
@@ -70,7 +69,8 @@ func (d Delegator) Add(ctx context.Context, in *cniplumb.Input, plugin string) (
 func (d Delegator) Del(ctx context.Context, in *cniplumb.Input, plugin string) error {
 	v, ok := d.local(in, plugin)
 	if !ok {
-		return invoke.DelegateDel(ctx, plugin, in.Stdin, nil)
+		_, err := execPlugin(ctx, plugin, "DEL", in.Stdin)
+		return err
 	}
 	return runLocal(plugin, func() error { return orNoop(v.Del)(ctx, as(in, "DEL")) })
 }
@@ -79,7 +79,8 @@ func (d Delegator) Del(ctx context.Context, in *cniplumb.Input, plugin string) e
 func (d Delegator) Check(ctx context.Context, in *cniplumb.Input, plugin string) error {
 	v, ok := d.local(in, plugin)
 	if !ok {
-		return invoke.DelegateCheck(ctx, plugin, in.Stdin, nil)
+		_, err := execPlugin(ctx, plugin, "CHECK", in.Stdin)
+		return err
 	}
 	return runLocal(plugin, func() error { return orNoop(v.Check)(ctx, as(in, "CHECK")) })
 }
@@ -88,7 +89,8 @@ func (d Delegator) Check(ctx context.Context, in *cniplumb.Input, plugin string)
 func (d Delegator) GC(ctx context.Context, in *cniplumb.Input, plugin string) error {
 	v, ok := d.local(in, plugin)
 	if !ok {
-		return invoke.DelegateGC(ctx, plugin, in.Stdin, nil)
+		_, err := execPlugin(ctx, plugin, "GC", in.Stdin)
+		return err
 	}
 	return runLocal(plugin, func() error { return orNoop(v.GC)(ctx, as(in, "GC")) })
 }
@@ -97,7 +99,8 @@ func (d Delegator) GC(ctx context.Context, in *cniplumb.Input, plugin string) er
 func (d Delegator) Status(ctx context.Context, in *cniplumb.Input, plugin string) error {
 	v, ok := d.local(in, plugin)
 	if !ok {
-		return invoke.DelegateStatus(ctx, plugin, in.Stdin, nil)
+		_, err := execPlugin(ctx, plugin, "STATUS", in.Stdin)
+		return err
 	}
 	return runLocal(plugin, func() error { return orNoop(v.Status)(ctx, as(in, "STATUS")) })
 }
@@ -144,7 +147,7 @@ func (d Delegator) local(in *cniplumb.Input, plugin string) (cniplumb.Verbs, boo
 	if !ok || cniplumb.BuildStamp == "" {
 		return cniplumb.Verbs{}, false
 	}
-	path, err := invoke.FindInPath(plugin, filepath.SplitList(in.Path))
+	path, err := findPlugin(plugin, filepath.SplitList(in.Path))
 	if err != nil {
 		return cniplumb.Verbs{}, false // executing it reports the error
 	}
