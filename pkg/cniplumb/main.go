@@ -219,7 +219,7 @@ func replaceStdin(data []byte) error {
 // A verb is a few milliseconds of mostly system calls; its goroutines overlap waits on
 // the kernel, which a blocked system call does without holding the processor. A
 // second processor only adds threads that spin looking for work: on a node starting
-// many pods at once, each plugin used ~15% more CPU and the pods took longer.
+// many pods at once, each plugin used ~7% more CPU and the pods took longer.
 func oneProc() {
 	if os.Getenv("GOMAXPROCS") == "" {
 		runtime.GOMAXPROCS(1)
