@@ -19,10 +19,18 @@ func FileVerdict(name, path, extra string, compute func() bool) bool {
 	if found {
 		return yes
 	}
-	ok := compute()
 	if key == "" {
-		return ok
+		return compute()
 	}
+	// Many plugins starting at once after an upgrade would all compute the same
+	// verdict: one does, the others wait for it and read the cache.
+	if unlock := lockVerdict(name); unlock != nil {
+		defer unlock()
+		if yes, found, key = cachedVerdict(name, path, extra); found {
+			return yes
+		}
+	}
+	ok := compute()
 	verdict := "no"
 	if ok {
 		verdict = "yes"
@@ -60,4 +68,27 @@ func cachedVerdict(name, path, extra string) (yes, found bool, key string) {
 		}
 	}
 	return false, false, key
+}
+
+// lockVerdict takes an exclusive flock on RunDir/name.lock; nil when it cannot (the
+// verdict is then computed unserialized).
+func lockVerdict(name string) (unlock func()) {
+	if os.MkdirAll(RunDir, 0o700) != nil {
+		return nil
+	}
+	fd, err := unix.Open(filepath.Join(RunDir, name+".lock"), unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil
+	}
+	for {
+		err = unix.Flock(fd, unix.LOCK_EX)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		unix.Close(fd)
+		return nil
+	}
+	return func() { unix.Close(fd) }
 }

@@ -3,6 +3,8 @@ package cniplumb
 import (
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -34,5 +36,32 @@ func TestFileVerdict(t *testing.T) {
 	}
 	if FileVerdict("t", filepath.Join(t.TempDir(), "missing"), "y", verdict(false)) || calls != 4 {
 		t.Fatalf("a missing file: calls %d", calls)
+	}
+}
+
+// Callers that miss the cache at once compute the verdict once: the others wait for
+// it (as plugins starting together after an upgrade do).
+func TestFileVerdictComputedOnceUnderConcurrency(t *testing.T) {
+	old := RunDir
+	RunDir = t.TempDir()
+	defer func() { RunDir = old }()
+	file := filepath.Join(t.TempDir(), "tool")
+	if err := os.WriteFile(file, []byte("v1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if !FileVerdict("t", file, "x", func() bool { calls.Add(1); time.Sleep(50 * time.Millisecond); return true }) {
+				t.Error("verdict false")
+			}
+		}()
+	}
+	wg.Wait()
+	if n := calls.Load(); n != 1 {
+		t.Errorf("computed %d times, want once", n)
 	}
 }
