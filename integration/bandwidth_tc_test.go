@@ -36,9 +36,11 @@ func TestBandwidthTCDirect(t *testing.T) {
 				t.Fatal(err)
 			}
 			p := tc.Plan{Dev: dev, MTU: 1500, IFB: h.Name("ifb"), Alias: "podwire:test", Ingress: &tbf, Egress: &tbf}
-			inHost(t, h, func() error { return tc.NewNetlink(nil).Apply(context.Background(), p) })
+			inHost(t, h, func() error { b := tc.NewNetlink(nil); defer b.Close(); return b.Apply(context.Background(), p) })
 			defer inHost(t, h, func() error {
-				return tc.NewNetlink(nil).Remove(context.Background(), tc.Removal{Dev: dev, IFBs: []string{p.IFB}})
+				b := tc.NewNetlink(nil)
+				defer b.Close()
+				return b.Remove(context.Background(), tc.Removal{Dev: dev, IFBs: []string{p.IFB}})
 			})
 			want := float64(c.rate)
 			var in, out throughput

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -70,8 +71,9 @@ func cachedVerdict(name, path, extra string) (yes, found bool, key string) {
 	return false, false, key
 }
 
-// lockVerdict takes an exclusive flock on RunDir/name.lock; nil when it cannot (the
-// verdict is then computed unserialized).
+// lockVerdict takes an exclusive flock on RunDir/name.lock, waiting at most
+// verdictLockWait (a compute that hangs must not stall every later plugin); nil when
+// it cannot, and the verdict is then computed unserialized.
 func lockVerdict(name string) (unlock func()) {
 	if os.MkdirAll(RunDir, 0o700) != nil {
 		return nil
@@ -80,15 +82,18 @@ func lockVerdict(name string) (unlock func()) {
 	if err != nil {
 		return nil
 	}
-	for {
-		err = unix.Flock(fd, unix.LOCK_EX)
-		if err != unix.EINTR {
-			break
+	for deadline := time.Now().Add(verdictLockWait); ; {
+		err = unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return func() { unix.Close(fd) }
 		}
+		if (err != unix.EWOULDBLOCK && err != unix.EINTR) || time.Now().After(deadline) {
+			unix.Close(fd)
+			return nil
+		}
+		time.Sleep(2 * time.Millisecond)
 	}
-	if err != nil {
-		unix.Close(fd)
-		return nil
-	}
-	return func() { unix.Close(fd) }
 }
+
+// verdictLockWait bounds the wait for another process's computation of a verdict.
+var verdictLockWait = 2 * time.Second

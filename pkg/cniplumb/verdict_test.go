@@ -65,3 +65,27 @@ func TestFileVerdictComputedOnceUnderConcurrency(t *testing.T) {
 		t.Errorf("computed %d times, want once", n)
 	}
 }
+
+// A computation that holds the lock too long does not stall the others: after
+// verdictLockWait they compute the verdict themselves.
+func TestFileVerdictLockWaitIsBounded(t *testing.T) {
+	old, oldWait := RunDir, verdictLockWait
+	RunDir, verdictLockWait = t.TempDir(), 100*time.Millisecond
+	defer func() { RunDir, verdictLockWait = old, oldWait }()
+	file := filepath.Join(t.TempDir(), "tool")
+	if err := os.WriteFile(file, []byte("v1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	unlock := lockVerdict("t") // a hung computation elsewhere
+	if unlock == nil {
+		t.Fatal("could not take the lock")
+	}
+	defer unlock()
+	start := time.Now()
+	if !FileVerdict("t", file, "x", func() bool { return true }) {
+		t.Fatal("verdict false")
+	}
+	if d := time.Since(start); d < 100*time.Millisecond || d > 5*time.Second {
+		t.Errorf("waited %v, want about verdictLockWait", d)
+	}
+}

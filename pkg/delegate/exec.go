@@ -59,8 +59,14 @@ func execPlugin(ctx context.Context, plugin, verb string, netconf []byte) ([]byt
 		c.Env, c.Stdin, c.Stdout, c.Stderr = env, bytes.NewReader(netconf), &stdout, &stderr
 		err := c.Run()
 		if err != nil && strings.Contains(err.Error(), "text file busy") && attempt < 5 {
-			time.Sleep(time.Second) // the file is being replaced (an upgrade): try again
-			continue
+			// The file is being replaced (an upgrade): try again in a second. (The
+			// library means to; its retry reuses the started Cmd and always fails.)
+			select {
+			case <-time.After(time.Second):
+				continue
+			case <-ctx.Done():
+				return nil, pluginError(err, stdout.Bytes(), stderr.Bytes())
+			}
 		}
 		if err != nil {
 			return nil, pluginError(err, stdout.Bytes(), stderr.Bytes())

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -32,19 +33,23 @@ func NewNetlink(h *netlink.Handle) *Netlink {
 	return &Netlink{h: h}
 }
 
-// routeHandle opens one rtnetlink socket in the calling thread's namespace, with strict
-// dump checking: the kernel then skips other devices' qdiscs in a dump for one device,
-// which halves its cost on a node with a hundred shaped pods. Where the socket cannot
-// be made, requests get a socket each; before strict checking (Linux 4.20) dumps are
-// whole and the library filters them.
+// routeHandle opens one rtnetlink socket in the calling thread's namespace, for the
+// ~20 requests of a verb (a socket per request cost a socket's creation each), with the
+// library's usual 60 s timeouts. Where it cannot be made, requests get a socket each.
 func routeHandle() *netlink.Handle {
 	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
 	if err != nil {
 		return &netlink.Handle{}
 	}
-	_ = h.SetStrictCheck(true)
+	if err := h.SetSocketTimeout(60 * time.Second); err != nil {
+		h.Close()
+		return &netlink.Handle{}
+	}
 	return h
 }
+
+// Close releases the backend's socket (and with it the hold on its namespace).
+func (n *Netlink) Close() { n.h.Close() }
 
 // NewDetachingNetlink is NewNetlink(nil) whose Remove returns once an IFB has left the
 // namespace and leaves the kernel's wait for its memory (~15 ms) to a helper process

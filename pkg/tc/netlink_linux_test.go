@@ -113,6 +113,7 @@ func TestNetlinkLifecycle(t *testing.T) {
 	before := tcShow(t, n, "qdisc", "show")
 	in(t, n, func() error {
 		b := NewNetlink(nil)
+		defer b.Close()
 		p := testPlan(t, 10_000_000, 20_000_000)
 		if err := b.Apply(ctx, p); err != nil {
 			return err
@@ -210,6 +211,7 @@ func TestNetlinkCoexist(t *testing.T) {
 			theirs := tcShow(t, n, "filter", "show", "dev", "h0", "ingress")
 			in(t, n, func() error {
 				b := NewNetlink(nil)
+				defer b.Close()
 				p := testPlan(t, 0, 10_000_000)
 				if err := b.Apply(ctx, p); err != nil {
 					return err
@@ -241,6 +243,7 @@ func TestNetlinkForeignRoot(t *testing.T) {
 	before := tcShow(t, n, "qdisc", "show")
 	in(t, n, func() error {
 		b := NewNetlink(nil)
+		defer b.Close()
 		err := b.Apply(context.Background(), testPlan(t, 10_000_000, 10_000_000))
 		if err == nil || !strings.Contains(err.Error(), "pfifo 5:") || !strings.Contains(err.Error(), "did not create") {
 			t.Errorf("Apply over a foreign root: %v", err)
@@ -261,6 +264,7 @@ func TestNetlinkRate64(t *testing.T) {
 	n := kernelNS(t)
 	in(t, n, func() error {
 		b := NewNetlink(nil)
+		defer b.Close()
 		for _, rate := range []uint64{4_000_000_000, 40_000_000_000, 400_000_000_000, MaxRate} {
 			p := testPlan(t, rate, rate)
 			if err := b.Apply(context.Background(), p); err != nil {
@@ -280,6 +284,7 @@ func TestNetlinkRemoveGone(t *testing.T) {
 	n := kernelNS(t)
 	in(t, n, func() error {
 		b := NewNetlink(nil)
+		defer b.Close()
 		p := testPlan(t, 10_000_000, 10_000_000)
 		if err := b.Apply(context.Background(), p); err != nil {
 			return err
@@ -326,7 +331,9 @@ func TestNetlinkRemoveReferenceRedirect(t *testing.T) {
 		}
 	}
 	in(t, n, func() error {
-		return NewNetlink(nil).Remove(context.Background(), Removal{Dev: "h0", IFBs: []string{"pwbtest0", "bwp0123456789a"}})
+		b := NewNetlink(nil)
+		defer b.Close()
+		return b.Remove(context.Background(), Removal{Dev: "h0", IFBs: []string{"pwbtest0", "bwp0123456789a"}})
 	})
 	if after := tcShow(t, n, "qdisc", "show"); after != before {
 		t.Errorf("qdiscs not restored:\n%s\n--\n%s", before, after)
@@ -343,6 +350,7 @@ func TestNetlinkRemoveHint(t *testing.T) {
 	ctx := context.Background()
 	in(t, n, func() error {
 		b := NewNetlink(nil)
+		defer b.Close()
 		p := testPlan(t, 10_000_000, 10_000_000)
 		if err := b.Apply(ctx, p); err != nil {
 			return err
