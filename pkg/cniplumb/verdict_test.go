@@ -9,16 +9,24 @@ import (
 	"time"
 )
 
-// A verdict is computed once per file identity and extra, and again when either
-// changes.
-func TestFileVerdict(t *testing.T) {
+// verdictTestFile points RunDir at a fresh directory for the test and returns a file
+// to give verdicts about.
+func verdictTestFile(t *testing.T) string {
+	t.Helper()
 	old := RunDir
 	RunDir = t.TempDir()
-	defer func() { RunDir = old }()
+	t.Cleanup(func() { RunDir = old })
 	file := filepath.Join(t.TempDir(), "tool")
 	if err := os.WriteFile(file, []byte("v1"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	return file
+}
+
+// A verdict is computed once per file identity and extra, and again when either
+// changes.
+func TestFileVerdict(t *testing.T) {
+	file := verdictTestFile(t)
 	calls := 0
 	verdict := func(want bool) func() bool { return func() bool { calls++; return want } }
 	if !FileVerdict("t", file, "x", verdict(true)) || !FileVerdict("t", file, "x", verdict(false)) || calls != 1 {
@@ -42,13 +50,7 @@ func TestFileVerdict(t *testing.T) {
 // Callers that miss the cache at once compute the verdict once: the others wait for
 // it (as plugins starting together after an upgrade do).
 func TestFileVerdictComputedOnceUnderConcurrency(t *testing.T) {
-	old := RunDir
-	RunDir = t.TempDir()
-	defer func() { RunDir = old }()
-	file := filepath.Join(t.TempDir(), "tool")
-	if err := os.WriteFile(file, []byte("v1"), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	file := verdictTestFile(t)
 	var calls atomic.Int32
 	var wg sync.WaitGroup
 	for range 8 {
@@ -69,13 +71,10 @@ func TestFileVerdictComputedOnceUnderConcurrency(t *testing.T) {
 // A computation that holds the lock too long does not stall the others: after
 // verdictLockWait they compute the verdict themselves.
 func TestFileVerdictLockWaitIsBounded(t *testing.T) {
-	old, oldWait := RunDir, verdictLockWait
-	RunDir, verdictLockWait = t.TempDir(), 100*time.Millisecond
-	defer func() { RunDir, verdictLockWait = old, oldWait }()
-	file := filepath.Join(t.TempDir(), "tool")
-	if err := os.WriteFile(file, []byte("v1"), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	file := verdictTestFile(t)
+	oldWait := verdictLockWait
+	verdictLockWait = 100 * time.Millisecond
+	defer func() { verdictLockWait = oldWait }()
 	unlock := lockVerdict("t") // a hung computation elsewhere
 	if unlock == nil {
 		t.Fatal("could not take the lock")
