@@ -1,6 +1,7 @@
 package cniplumb
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -82,17 +83,13 @@ func lockVerdict(name string) (unlock func()) {
 	if err != nil {
 		return nil
 	}
-	for deadline := time.Now().Add(verdictLockWait); ; {
-		err = unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { unix.Close(fd) }
-		}
-		if (err != unix.EWOULDBLOCK && err != unix.EINTR) || time.Now().After(deadline) {
-			unix.Close(fd)
-			return nil
-		}
-		time.Sleep(2 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), verdictLockWait)
+	defer cancel()
+	if Flock(ctx, fd) != nil {
+		unix.Close(fd)
+		return nil
 	}
+	return func() { unix.Close(fd) }
 }
 
 // verdictLockWait bounds the wait for another process's computation of a verdict.

@@ -1,11 +1,14 @@
 package netfilter
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/podwire/podwire/pkg/cniplumb"
 )
 
 // LockDir holds podwire's netfilter lock files. The lock serializes podwire's own
@@ -28,13 +31,7 @@ func LockFile(path string) (unlock func(), err error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening lock %s: %w", path, err)
 	}
-	for {
-		err = unix.Flock(fd, unix.LOCK_EX)
-		if err != unix.EINTR {
-			break
-		}
-	}
-	if err != nil {
+	if err := cniplumb.Flock(context.Background(), fd); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("locking %s: %w", path, err)
 	}

@@ -144,27 +144,16 @@ func (s *Store) Do(ctx context.Context, f func(ipam.Tx) error) (err error) {
 }
 
 // lock takes an exclusive flock on fd, giving up with code 11 when ctx ends first
-// (the runtime then retries).
+// (the runtime then retries; the caller closes fd).
 func lock(ctx context.Context, fd int) error {
-	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err == nil {
+	err := cniplumb.Flock(ctx, fd)
+	switch {
+	case err == nil:
 		return nil
-	} else if !errors.Is(err, unix.EWOULDBLOCK) {
-		return ioError("locking the lease directory", err)
+	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
+		return cniplumb.TryAgain("the lease directory lock", err)
 	}
-	cancelled := ctx.Done() // before the wait starts: a signal handler may go in here
-	done := make(chan error, 1)
-	// If ctx ends first, the caller closes fd; the lock this goroutine may still get
-	// belongs to that closed file and is dropped when flock returns.
-	go func() { done <- unix.Flock(fd, unix.LOCK_EX) }()
-	select {
-	case err := <-done:
-		if err != nil {
-			return ioError("locking the lease directory", err)
-		}
-		return nil
-	case <-cancelled:
-		return cniplumb.TryAgain("the lease directory lock", ctx.Err())
-	}
+	return ioError("locking the lease directory", err)
 }
 
 // ioError is a code-5 error naming what failed, with a hint for the two conditions an
