@@ -84,8 +84,10 @@ func observe(t *testing.T, n ns.NetNS, kind netfilter.Kind) string {
 	return string(out)
 }
 
+// TestNetfilterBackends drives the nftables backend of podwire's own tables (portmap's
+// nftables layout, macspoofchk) directly on the kernel.
 func TestNetfilterBackends(t *testing.T) {
-	for _, kind := range []netfilter.Kind{netfilter.KindIPTables, netfilter.KindNFTables} {
+	for _, kind := range []netfilter.Kind{netfilter.KindNFTables} {
 		t.Run(string(kind), func(t *testing.T) {
 			n := freshNS(t)
 			before, err := nodestate.Take(n.Path())
@@ -93,10 +95,7 @@ func TestNetfilterBackends(t *testing.T) {
 				t.Fatal(err)
 			}
 			ctx := context.Background()
-			var b netfilter.Backend = netfilter.NewNFTables()
-			if kind == netfilter.KindIPTables {
-				b = netfilter.NewIPTables()
-			}
+			b := netfilter.NewNFTables()
 			a := cniplumb.Owner{Network: "nfnet", ContainerID: "ctr-a", IfName: "eth0"}
 			bo := cniplumb.Owner{Network: "nfnet", ContainerID: "ctr-b", IfName: "eth0"}
 			other := cniplumb.Owner{Network: "othernet", ContainerID: "ctr-a", IfName: "eth0"}
@@ -127,31 +126,18 @@ func TestNetfilterBackends(t *testing.T) {
 						t.Errorf("Check %s: %v", p.Owner, err)
 					}
 				}
-				tags, err := b.Tags(ctx, genericFeature)
-				if err != nil {
+				// GC of nfnet keeping b removes a only; othernet is not touched.
+				if err := b.GC(ctx, genericFeature, "nfnet", cniplumb.Owners{bo: true}); err != nil {
 					return err
 				}
-				owners := map[cniplumb.Owner]int{}
-				for _, tg := range tags {
-					owners[tg.Owner]++
-				}
-				if owners[a] != 3 || owners[bo] != 6 || owners[other] != 3 {
-					t.Errorf("Tags per owner = %v", owners)
-				}
-				stale := netfilter.Stale(tags, "nfnet", cniplumb.Owners{bo: true})
-				if len(stale) != 1 || !stale[0].Is(a) {
-					t.Errorf("stale in nfnet keeping b = %+v, want only a", stale)
-				}
-				for _, st := range stale {
-					if err := b.Remove(ctx, genericFeature, st.ID, netfilter.All); err != nil {
-						return err
-					}
+				if err := b.Check(ctx, po); err != nil {
+					t.Errorf("GC of nfnet touched othernet: %v", err)
 				}
 				if err := b.Check(ctx, pa); !netfilter.IsNotFound(err) {
 					t.Errorf("Check after Remove = %v, want IsNotFound", err)
 				}
 				// Remove is idempotent.
-				if err := b.Remove(ctx, genericFeature, netfilter.IDOf(a), netfilter.All); err != nil {
+				if err := b.Remove(ctx, genericFeature, a); err != nil {
 					t.Errorf("second Remove: %v", err)
 				}
 				if err := b.Check(ctx, pb); err != nil {
@@ -164,11 +150,11 @@ func TestNetfilterBackends(t *testing.T) {
 			}
 			inNS(t, n, func() error {
 				for _, o := range []cniplumb.Owner{bo, other} {
-					if err := b.Remove(ctx, genericFeature, netfilter.IDOf(o), netfilter.All); err != nil {
+					if err := b.Remove(ctx, genericFeature, o); err != nil {
 						return err
 					}
 				}
-				return b.Remove(ctx, genericFeature, netfilter.IDOf(bo), netfilter.All)
+				return b.Remove(ctx, genericFeature, bo)
 			})
 			after, err := nodestate.Take(n.Path())
 			if err != nil {
@@ -179,21 +165,6 @@ func TestNetfilterBackends(t *testing.T) {
 			}
 		})
 	}
-}
-
-func TestNetfilterIPTablesSkipsIPv6(t *testing.T) {
-	n := freshNS(t)
-	ctx := context.Background()
-	b := netfilter.NewIPTables()
-	o := cniplumb.Owner{Network: "nfnet", ContainerID: "v4only", IfName: "eth0"}
-	inNS(t, n, func() error {
-		return b.Apply(ctx, genericPlan(o, []netip.Prefix{netip.MustParsePrefix("10.9.0.2/24")}))
-	})
-	out, _ := exec.Command("nsenter", "--net="+n.Path(), "ip6tables-save").CombinedOutput()
-	if strings.Contains(string(out), "PW-GENTEST") {
-		t.Errorf("an IPv4-only plan touched ip6tables:\n%s", out)
-	}
-	inNS(t, n, func() error { return b.Remove(ctx, genericFeature, netfilter.IDOf(o), netfilter.V4) })
 }
 
 func TestNetfilterMacSpoof(t *testing.T) {
@@ -218,7 +189,7 @@ func TestNetfilterMacSpoof(t *testing.T) {
 			t.Errorf("%q missing from:\n%s", want, out)
 		}
 	}
-	inNS(t, n, func() error { return b.Remove(ctx, netfilter.MacSpoofFeature, netfilter.IDOf(o), netfilter.All) })
+	inNS(t, n, func() error { return b.Remove(ctx, netfilter.MacSpoofFeature, o) })
 	after, err := nodestate.Take(n.Path())
 	if err != nil {
 		t.Fatal(err)
@@ -241,9 +212,9 @@ func TestNetfilterMasqBackends(t *testing.T) {
 				t.Fatal(err)
 			}
 			ctx := context.Background()
-			var b netfilter.MasqBackend = netfilter.NewMasqNFTables()
-			if kind == netfilter.KindIPTables {
-				b = netfilter.NewMasqIPTables()
+			b, _, err := netfilter.OpenMasq(kind)
+			if err != nil {
+				t.Fatal(err)
 			}
 			a := cniplumb.Owner{Network: "nfnet", ContainerID: "ctr-a", IfName: "eth0"}
 			bo := cniplumb.Owner{Network: "nfnet", ContainerID: "ctr-b", IfName: "eth0"}

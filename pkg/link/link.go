@@ -13,6 +13,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -52,12 +53,12 @@ type BridgeSpec struct {
 // first: one request instead of a refused create plus the lookup.
 func EnsureBridge(s BridgeSpec) (*netlink.Bridge, error) {
 	created := false
-	l, err := netlink.LinkByName(s.Name)
+	l, err := netlinksafe.LinkByName(s.Name)
 	if IsNotFound(err) {
 		if created, err = createBridge(s); err != nil {
 			return nil, err
 		}
-		l, err = netlink.LinkByName(s.Name)
+		l, err = netlinksafe.LinkByName(s.Name)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("looking up bridge %q: %w", s.Name, err)

@@ -8,29 +8,21 @@ import (
 	"github.com/podwire/podwire/pkg/cniplumb"
 )
 
-// Backend owns podwire's tables and chains. Apply and Remove are atomic per address
-// family: the kernel sees all of a call's changes or none (one nftables batch, or one
-// `iptables-restore --noflush` per family).
-type Backend interface {
-	// Apply installs p, replacing whatever p.Owner had in p.Feature in the families p
-	// uses. An invalid plan fails before anything changes.
-	Apply(ctx context.Context, p Plan) error
-	// Check reports an error when the owner's rules differ from p (missing, extra or
-	// changed); IsNotFound tells the missing case.
-	Check(ctx context.Context, p Plan) error
-	// Remove deletes every rule of the owner in f, in the given families (iptables
-	// leaves the other family's binary alone; nftables ignores fams). Nothing to
-	// remove is success, as CNI DEL requires.
-	Remove(ctx context.Context, f Feature, id OwnerID, fams Families) error
-	// Tags lists the tag of every rule in f, for GC.
-	Tags(ctx context.Context, f Feature) ([]Tag, error)
+// Backend installs, checks and removes the rules of attachments in one layout (see
+// the package documentation). P is the layout's plan; R is what removal knows of an
+// attachment besides its owner. Apply and Remove are atomic per address family: one
+// `iptables-restore --noflush` per family, or one nftables batch.
+type Backend[P, R any] interface {
+	// Apply installs p. An invalid plan fails before anything changes.
+	Apply(ctx context.Context, p P) error
+	// Check reports an error when the owner's rules differ from p: missing, extra or
+	// changed; IsNotFound tells the missing case.
+	Check(ctx context.Context, p P) error
+	// Remove deletes o's rules. Nothing to remove is success, as CNI DEL requires.
+	Remove(ctx context.Context, o Owner, known R) error
+	// GC removes the rules of every attachment of network that keep does not hold.
+	GC(ctx context.Context, network string, keep cniplumb.Owners) error
 }
-
-var (
-	_ Backend = (*Fake)(nil)
-	_ Backend = (*IPTables)(nil)
-	_ Backend = (*NFTables)(nil)
-)
 
 // Kind names a backend in configuration ("ipMasqBackend", portmap's "backend").
 type Kind string
@@ -61,8 +53,9 @@ type Probe struct {
 }
 
 // Pick chooses the backend for want given the probe. Auto prefers nftables: it needs
-// no exec and no lock, and its rules live in a table of our own; iptables is the
-// fallback for kernels without nf_tables. A backend asked for by name but missing is a
+// no exec, and its rules live in a table of our own; iptables is the fallback for
+// kernels without nf_tables. (portmap's and ipMasq's automatic choices follow the
+// reference instead: OpenHostPorts, PickMasq.) A backend asked for by name but missing is a
 // code-50 error telling the operator what to install or configure.
 func Pick(want Kind, p Probe) (Kind, error) {
 	switch want {

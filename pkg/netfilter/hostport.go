@@ -1,13 +1,9 @@
 package netfilter
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
-
-	"github.com/podwire/podwire/pkg/cniplumb"
 )
 
 // This file is portmap's model: the hostPort forwards of one attachment as plain data
@@ -274,75 +270,21 @@ func (p HostPortPlan) String() string {
 	return b.String()
 }
 
-// HostPortBackend installs and removes the hostPort rules of attachments. Apply and
-// Remove are atomic per address family. Remove also deletes what the reference
+// HostPortBackend installs and removes the hostPort rules of attachments; removal
+// knows the families the attachment used. Remove also deletes what the reference
 // portmap created for the same network and container, so nodes can switch binaries
 // under live pods.
-type HostPortBackend interface {
-	// Apply installs p, replacing whatever p.Owner had.
-	Apply(ctx context.Context, p HostPortPlan) error
-	// Check reports an error when p.Owner's rules differ from p; IsNotFound tells the
-	// missing case.
-	Check(ctx context.Context, p HostPortPlan) error
-	// Remove deletes o's rules in fams. Nothing to remove is success.
-	Remove(ctx context.Context, o Owner, fams Families) error
-	// GC removes the rules of every attachment of network that keep does not list.
-	GC(ctx context.Context, network string, keep cniplumb.Owners) error
-}
+type HostPortBackend = Backend[HostPortPlan, Families]
 
-var (
-	_ HostPortBackend = (*HostPortFake)(nil)
-)
-
-// HostPortFake is the in-memory HostPortBackend for unit tests: it records each plan's
-// neutral rules (Rules) in a Fake, so Dump shows exactly what nftables would hold.
-type HostPortFake struct {
-	*Fake
-}
-
-// NewHostPortFake returns an empty HostPortFake.
-func NewHostPortFake() *HostPortFake { return &HostPortFake{Fake: NewFake()} }
-
-// Apply implements HostPortBackend.
-func (f *HostPortFake) Apply(ctx context.Context, p HostPortPlan) error {
-	r, err := p.Rules()
-	if err != nil {
-		return err
+// NewHostPortsOn returns the host-port backend of kind k on the given seams (a fake
+// kernel in tests), without podwire's lock files.
+func NewHostPortsOn(k Kind, xt XTables, nc NFTConn) HostPortBackend {
+	if k == KindNFTables {
+		return &HostPortNFTables{nft: NewNFTablesOn(nc)}
 	}
-	return f.Fake.Apply(ctx, r)
+	return newHostPortIPTables(xt, func() (func(), error) { return noLock("") })
 }
 
-// Check implements HostPortBackend.
-func (f *HostPortFake) Check(ctx context.Context, p HostPortPlan) error {
-	r, err := p.Rules()
-	if err != nil {
-		return err
-	}
-	return f.Fake.Check(ctx, r)
-}
-
-// Remove implements HostPortBackend.
-func (f *HostPortFake) Remove(ctx context.Context, o Owner, fams Families) error {
-	return f.Fake.Remove(ctx, HostPortFeature, IDOf(o), fams)
-}
-
-// GC implements HostPortBackend.
-func (f *HostPortFake) GC(ctx context.Context, network string, keep cniplumb.Owners) error {
-	return gcByTags(ctx, f.Fake, network, keep)
-}
-
-// gcByTags is GC over a generic Backend: list the feature's tags and remove every
-// stale owner, continuing past failures.
-func gcByTags(ctx context.Context, b Backend, network string, keep cniplumb.Owners) error {
-	tags, err := b.Tags(ctx, HostPortFeature)
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, t := range Stale(tags, network, keep) {
-		if err := b.Remove(ctx, HostPortFeature, t.ID, All); err != nil {
-			errs = append(errs, fmt.Errorf("removing host ports of stale attachment %s: %w", t.ID, err))
-		}
-	}
-	return errors.Join(errs...)
+func newHostPortIPTables(xt XTables, lock func() (func(), error)) *HostPortIPTables {
+	return &HostPortIPTables{xt: xt, lock: lock}
 }

@@ -4,11 +4,9 @@ import (
 	"crypto/sha512"
 	"encoding/hex"
 	"fmt"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/podwire/podwire/pkg/cniplumb"
 )
@@ -32,9 +30,9 @@ import (
 // to one container share the chain without touching each other's rules. The shared
 // chains are the reference's too, with the reference's exact rule text, so neither
 // binary duplicates them; podwire removes them when the last host port goes (the
-// reference never does). The only exec-free knowledge of the node podwire relies on:
-// CNI-HOSTPORT-DNAT exists exactly when its two entry jumps do, and CNI-HOSTPORT-MASQ
-// exactly when its entry jump does (CHECK verifies both).
+// reference never does). Anyone may flush a built-in chain or a shared one: every ADD
+// puts back missing entry jumps, and DEL and GC remove an attachment's chain by its
+// derived name even when no jump leads to it any more.
 //
 // This file is pure: it renders and plans iptables-restore transactions from listings
 // of these chains only (never a whole table). The exec side is
@@ -51,21 +49,30 @@ const (
 var (
 	hpEntryDNAT = "-m addrtype --dst-type LOCAL -j " + HostPortDNATChain
 	hpEntryMasq = `-m comment --comment "CNI portfwd requiring masquerade" -j ` + HostPortMasqChain
-	// Compiled on first use: every plugin that links this package would pay for them
-	// at start otherwise.
-	hpMasqRe = sync.OnceValue(func() *regexp.Regexp {
-		return regexp.MustCompile(`^-A ` + HostPortMasqChain + ` -m mark --mark 0x[0-9a-f]+/0x[0-9a-f]+ -j MASQUERADE$`)
-	})
-	hpRefRe = sync.OnceValue(func() *regexp.Regexp {
-		return regexp.MustCompile(`--comment "dnat name: \\"([^"\\]*)\\" id: \\"([^"\\]*)\\""`)
-	})
 )
+
+// hpEntry is one jump from a built-in chain into a shared chain.
+type hpEntry struct{ builtin, rule string }
+
+var (
+	hpEntryPre  = hpEntry{"PREROUTING", hpEntryDNAT}
+	hpEntryOut  = hpEntry{"OUTPUT", hpEntryDNAT}
+	hpEntryPost = hpEntry{"POSTROUTING", hpEntryMasq}
+)
+
+func (e hpEntry) args() []string { return xtTokens(e.rule) }
 
 // multiportMax is how many ports one multiport match takes.
 const multiportMax = 15
 
 func hpMasqRule(mark uint32) string {
 	return fmt.Sprintf("-m mark --mark %#x/%#x -j MASQUERADE", mark, mark)
+}
+
+// isHostPortMasq recognizes a CNI-HOSTPORT-MASQ rule as portmap writes it.
+func isHostPortMasq(r xtRule) bool {
+	a := r.args
+	return len(a) == 8 && a[2] == "-m" && a[3] == "mark" && a[4] == "--mark" && a[6] == "-j" && a[7] == "MASQUERADE"
 }
 
 // HostPortChain is the per-container chain of network and containerID, named as the
@@ -140,7 +147,7 @@ func renderHostPortIPTables(fam Family, p HostPortPlan) (hpRendered, error) {
 				m = cond + " " + m
 			}
 			t := Tag{NetworkHash: hash8(p.Owner.Network), ID: IDOf(p.Owner), Fingerprint: hash8("jump " + m + " " + r.chain), Owner: p.Owner}
-			r.jumps = append(r.jumps, m+` -m comment --comment "`+t.String()+`" -j `+r.chain)
+			r.jumps = append(r.jumps, m+" -m comment --comment "+xtQuote(t.String())+" -j "+r.chain)
 			r.jumpFP = append(r.jumpFP, t.Fingerprint)
 		}
 	}
@@ -150,7 +157,7 @@ func renderHostPortIPTables(fam Family, p HostPortPlan) (hpRendered, error) {
 	}
 	for _, rule := range rules {
 		t := tagFor(p.Owner, rule)
-		a, err := ruleArgs(rule, t)
+		a, err := ruleArgs(rule, t.String())
 		if err != nil {
 			return r, err
 		}
@@ -160,84 +167,84 @@ func renderHostPortIPTables(fam Family, p HostPortPlan) (hpRendered, error) {
 	return r, nil
 }
 
-// jumpTarget returns the chain a listed rule jumps to ("-j X"), or "".
-func jumpTarget(line string) string {
-	i := strings.LastIndex(line, " -j ")
-	if i < 0 {
-		return ""
-	}
-	t := line[i+4:]
-	if j := strings.IndexByte(t, ' '); j >= 0 {
-		t = t[:j]
-	}
-	return t
-}
-
-// refOwner parses the reference portmap's jump comment `dnat name: "N" id: "C"`.
-func refOwner(line string) (network, containerID string, ok bool) {
-	m := hpRefRe().FindStringSubmatch(line)
-	if m == nil {
+// refOwner reads the reference portmap's jump comment `dnat name: "N" id: "C"`.
+func refOwner(comment string) (network, containerID string, ok bool) {
+	rest, found := strings.CutPrefix(comment, "dnat ")
+	if !found {
 		return "", "", false
 	}
-	return m[1], m[2], true
+	return parseMasqComment(rest)
 }
+
+// chainListing is one listed chain; exists is false when it is absent.
+type chainListing struct {
+	exists bool
+	rules  []xtRule
+}
+
+// has reports whether the listing holds the rule line (compared by arguments).
+func (l chainListing) has(line string) bool { return containsRule(l.rules, line) }
 
 // hpState is what a transaction is planned from: listings of the chains it touches.
 type hpState struct {
 	top  chainListing            // CNI-HOSTPORT-DNAT, always listed
 	masq *chainListing           // CNI-HOSTPORT-MASQ; nil when not listed
 	dn   map[string]chainListing // per-container chains listed because they are shared
+	// entries says which entry jumps exist; nil until they were checked.
+	entries map[hpEntry]bool
 }
 
 // hpChange is what a transaction does in one family.
 type hpChange struct {
 	add       *HostPortPlan    // rules to install (replacing add.Owner's)
 	removeIDs map[OwnerID]bool // owners whose tagged rules go
-	removeRef map[string]bool  // per-container chains whose untagged (reference) jumps and rules go
-	teardown  bool             // remove the shared chains if nothing uses them any more
-	keep      bool             // never delete a per-container chain (fallback)
+	// chains are per-container chains the change concerns even when no jump leads to
+	// them (someone flushed CNI-HOSTPORT-DNAT): their untagged (reference) rules go,
+	// and so do they, unless a jump of an attachment that stays still uses them.
+	chains   map[string]bool
+	teardown bool // remove the shared chains if nothing uses them any more
 }
 
-// errNeedListing asks the caller to list a chain and plan again.
-type errNeedListing string
+// errNeed asks the caller to list a chain (or, for errNeedEntries, check the entry
+// jumps) and plan again.
+type errNeed string
 
-func (e errNeedListing) Error() string { return "need a listing of " + string(e) }
+func (e errNeed) Error() string { return "need a listing of " + string(e) }
+
+const errNeedEntries = errNeed("entry jumps")
 
 // planHostPortIPTables computes the one iptables-restore transaction for ch from st.
-// It returns errNeedListing when it needs a chain st lacks. The script is empty when
+// It returns an errNeed when it needs a listing st lacks. The script is empty when
 // nothing changes.
 func planHostPortIPTables(fam Family, st hpState, ch hpChange) (*restoreScript, error) {
 	var decl, dels, adds, post []string
 	var rend hpRendered
-	addChain := ""
 	if ch.add != nil {
 		var err error
 		if rend, err = renderHostPortIPTables(fam, *ch.add); err != nil {
 			return nil, err
 		}
-		addChain = rend.chain
 	}
-	removeRule := func(r listedRule, chain string) bool {
-		return (r.ours && ch.removeIDs[r.tag.ID]) || (!r.ours && ch.removeRef[chain])
+	removeRule := func(r xtRule, chain string) bool {
+		return (r.ours && ch.removeIDs[r.tag.ID]) || (!r.ours && ch.chains[chain])
 	}
 
 	// Jumps into per-container chains: delete the removed owners' and the reference's
 	// for the chains being replaced; count what stays per chain.
 	remaining := map[string]int{}
 	affected := map[string]bool{}
+	for c := range ch.chains {
+		affected[c] = true
+	}
 	topLeft := 0
 	for _, r := range st.top.rules {
-		target := jumpTarget(r.line)
-		if strings.HasPrefix(target, hostPortChainPrefix) && removeRule(r, target) {
-			dels = append(dels, "-D"+strings.TrimPrefix(r.line, "-A"))
-			affected[target] = true
+		if strings.HasPrefix(r.target, hostPortChainPrefix) && removeRule(r, r.target) {
+			dels = append(dels, r.deleteLine())
+			affected[r.target] = true
 			continue
 		}
 		topLeft++
-		remaining[target]++
-	}
-	if addChain != "" {
-		affected[addChain] = true
+		remaining[r.target]++
 	}
 	var chains []string
 	for c := range affected {
@@ -252,49 +259,64 @@ func planHostPortIPTables(fam Family, st hpState, ch hpChange) (*restoreScript, 
 			// Shared with an attachment that stays: remove rule by rule.
 			l, ok := st.dn[c]
 			if !ok {
-				return nil, errNeedListing(c)
+				return nil, errNeed(c)
 			}
 			if !l.exists {
 				decl = append(decl, ":"+c+" - [0:0]")
 			}
 			for _, r := range l.rules {
 				if removeRule(r, c) {
-					dels = append(dels, "-D"+strings.TrimPrefix(r.line, "-A"))
+					dels = append(dels, r.deleteLine())
 				}
 			}
-		case c == addChain:
+		case c == rend.chain:
 			// Declaring an existing chain in --noflush mode flushes it: create or
 			// empty it without having to list it.
 			decl = append(decl, ":"+c+" - [0:0]")
 		default:
 			// Delete it whether or not it exists: declare (create or flush), then -X.
 			decl = append(decl, ":"+c+" - [0:0]")
-			if !ch.keep {
-				post = append(post, "-X "+c)
-			}
+			post = append(post, "-X "+c)
 		}
 	}
 
-	if ch.add != nil {
+	if ch.add != nil && len(rend.rules) > 0 {
+		// Entry jumps: with a new CNI-HOSTPORT-DNAT they go in with it; with an
+		// existing one they are checked, since someone may have flushed PREROUTING or
+		// OUTPUT (the reference re-adds its jumps on every ADD, too).
 		if !st.top.exists {
 			decl = append(decl, ":"+HostPortDNATChain+" - [0:0]")
 			adds = append(adds, "-A PREROUTING "+hpEntryDNAT, "-A OUTPUT "+hpEntryDNAT)
+		} else {
+			if st.entries == nil {
+				return nil, errNeedEntries
+			}
+			for _, e := range []hpEntry{hpEntryPre, hpEntryOut} {
+				if !st.entries[e] {
+					adds = append(adds, "-A "+e.builtin+" "+e.rule)
+				}
+			}
 		}
 		for _, r := range rend.rules {
-			adds = append(adds, "-A "+addChain+" "+r)
+			adds = append(adds, "-A "+rend.chain+" "+r)
 		}
 		for _, j := range rend.jumps {
 			adds = append(adds, "-A "+HostPortDNATChain+" "+j)
 		}
-		if ch.add.masquerades() && len(rend.rules) > 0 {
+		if ch.add.masquerades() {
 			if st.masq == nil {
-				return nil, errNeedListing(HostPortMasqChain)
+				return nil, errNeed(HostPortMasqChain)
 			}
 			rule := hpMasqRule(ch.add.Mark)
 			if !st.masq.exists {
 				decl = append(decl, ":"+HostPortMasqChain+" - [0:0]")
-				adds = append(adds, "-I POSTROUTING 1 "+hpEntryMasq, "-A "+HostPortMasqChain+" "+rule)
-			} else if !st.masq.has("-A " + HostPortMasqChain + " " + rule) {
+				adds = append(adds, "-I POSTROUTING 1 "+hpEntryMasq)
+			} else if st.entries == nil {
+				return nil, errNeedEntries
+			} else if !st.entries[hpEntryPost] {
+				adds = append(adds, "-I POSTROUTING 1 "+hpEntryMasq)
+			}
+			if !st.masq.has("-A " + HostPortMasqChain + " " + rule) {
 				adds = append(adds, "-A "+HostPortMasqChain+" "+rule)
 			}
 		}
@@ -302,14 +324,24 @@ func planHostPortIPTables(fam Family, st hpState, ch hpChange) (*restoreScript, 
 		// The last host port of the node went: remove the shared chains too, so a node
 		// without host ports carries nothing of portmap's. This also clears the empty
 		// shared chains the reference's DEL leaves behind; once they are gone, a
-		// repeated DEL finds no CNI-HOSTPORT-DNAT and does nothing.
+		// repeated DEL finds no CNI-HOSTPORT-DNAT and does nothing. Only entry jumps
+		// that exist are deleted (a -D of a missing one would fail the transaction).
 		if st.masq == nil {
-			return nil, errNeedListing(HostPortMasqChain)
+			return nil, errNeed(HostPortMasqChain)
 		}
-		dels = append(dels, "-D PREROUTING "+hpEntryDNAT, "-D OUTPUT "+hpEntryDNAT)
+		if st.entries == nil {
+			return nil, errNeedEntries
+		}
+		for _, e := range []hpEntry{hpEntryPre, hpEntryOut} {
+			if st.entries[e] {
+				dels = append(dels, "-D "+e.builtin+" "+e.rule)
+			}
+		}
 		post = append(post, "-X "+HostPortDNATChain)
-		if st.masq.exists && st.masq.onlyMatches(hpMasqRe()) {
-			dels = append(dels, "-D POSTROUTING "+hpEntryMasq)
+		if st.masq.exists && onlyHostPortMasq(st.masq.rules) {
+			if st.entries[hpEntryPost] {
+				dels = append(dels, "-D POSTROUTING "+hpEntryMasq)
+			}
 			decl = append(decl, ":"+HostPortMasqChain+" - [0:0]")
 			post = append(post, "-X "+HostPortMasqChain)
 		}
@@ -318,44 +350,33 @@ func planHostPortIPTables(fam Family, st hpState, ch hpChange) (*restoreScript, 
 		post = append(post, "-X "+HostPortSetMarkChain)
 	}
 
-	var s restoreScript
+	s := &restoreScript{table: "nat"}
 	if len(dels) == 0 && len(adds) == 0 && len(post) == 0 {
 		// Declarations alone only create or flush chains: with nothing removed or
 		// added there is nothing to do.
-		return &s, nil
+		return s, nil
 	}
 	for _, group := range [][]string{decl, dels, adds, post} {
-		for _, l := range group {
-			s.add("nat", l)
-		}
+		s.add(group...)
 	}
-	return &s, nil
+	return s, nil
 }
 
-// has reports whether the listing holds exactly this "-A" line.
-func (l chainListing) has(line string) bool {
-	for _, r := range l.rules {
-		if r.line == line {
-			return true
-		}
-	}
-	return false
-}
-
-// onlyMatches reports whether every rule of the listing matches re.
-func (l chainListing) onlyMatches(re *regexp.Regexp) bool {
-	for _, r := range l.rules {
-		if !re.MatchString(r.line) {
+// onlyHostPortMasq reports whether every rule is a masquerade rule portmap writes.
+func onlyHostPortMasq(rules []xtRule) bool {
+	for _, r := range rules {
+		if !isHostPortMasq(r) {
 			return false
 		}
 	}
 	return true
 }
 
-// hpGCChange is the removal GC does in one family, given its CNI-HOSTPORT-DNAT: every tagged owner of network not
-// in keep, and every reference jump of network whose container keep does not list.
+// hpGCChange is the removal GC does in one family, given its CNI-HOSTPORT-DNAT: every
+// tagged owner of network not in keep, and every reference jump of network whose
+// container keep does not list.
 func hpGCChange(top chainListing, network string, keep cniplumb.Owners) hpChange {
-	ch := hpChange{removeIDs: map[OwnerID]bool{}, removeRef: map[string]bool{}, teardown: true}
+	ch := hpChange{removeIDs: map[OwnerID]bool{}, chains: map[string]bool{}, teardown: true}
 	var tags []Tag
 	for _, r := range top.rules {
 		if r.ours {
@@ -375,10 +396,8 @@ func hpGCChange(top chainListing, network string, keep cniplumb.Owners) hpChange
 		if r.ours {
 			continue
 		}
-		if n, cid, ok := refOwner(r.line); ok && n == network && !cids[cid] {
-			if t := jumpTarget(r.line); t == HostPortChain(n, cid) {
-				ch.removeRef[t] = true
-			}
+		if n, cid, ok := refOwner(r.comment); ok && n == network && !cids[cid] && r.target == HostPortChain(n, cid) {
+			ch.chains[r.target] = true
 		}
 	}
 	return ch

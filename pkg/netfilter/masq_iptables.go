@@ -16,127 +16,6 @@ import (
 // masqPostrouting is the built-in chain the per-address jumps hang off.
 const masqPostrouting = "POSTROUTING"
 
-// xtRule is one "-A" line of an `iptables -S` listing, with the parts ipMasq needs.
-type xtRule struct {
-	line    string   // as listed
-	args    []string // line split as iptables-restore splits it
-	chain   string
-	src     netip.Prefix // -s (not negated); invalid when absent
-	target  string       // -j
-	comment string
-}
-
-// xtTokens splits an iptables rule line into arguments as iptables-restore does:
-// spaces separate, double quotes group, a backslash escapes the next character.
-func xtTokens(line string) []string {
-	var out []string
-	var cur strings.Builder
-	inQ, have, esc := false, false, false
-	for _, r := range line {
-		switch {
-		case esc:
-			cur.WriteRune(r)
-			esc = false
-		case r == '\\':
-			esc, have = true, true
-		case r == '"':
-			inQ, have = !inQ, true
-		case r == ' ' && !inQ:
-			if have {
-				out = append(out, cur.String())
-				cur.Reset()
-				have = false
-			}
-		default:
-			cur.WriteRune(r)
-			have = true
-		}
-	}
-	if have {
-		out = append(out, cur.String())
-	}
-	return out
-}
-
-// xtQuote quotes s for an iptables-restore line, as `iptables -S` prints comments.
-func xtQuote(s string) string {
-	return `"` + backslashEscape(s, `"\`) + `"`
-}
-
-// backslashEscape puts a backslash before every byte of s that is in special (ASCII
-// only). It is what a strings.Replacer would do, without building one per call.
-func backslashEscape(s, special string) string {
-	if !strings.ContainsAny(s, special) {
-		return s
-	}
-	var b strings.Builder
-	b.Grow(len(s) + 8)
-	for i := 0; i < len(s); i++ {
-		if strings.IndexByte(special, s[i]) >= 0 {
-			b.WriteByte('\\')
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-// parseXTRules parses the "-A" lines of `iptables -S` output.
-func parseXTRules(out string) []xtRule {
-	var rules []xtRule
-	for _, line := range strings.Split(out, "\n") {
-		line = strings.TrimSpace(line)
-		if !strings.HasPrefix(line, "-A ") {
-			continue
-		}
-		r := xtRule{line: line, args: xtTokens(line)}
-		if len(r.args) > 1 {
-			r.chain = r.args[1]
-		}
-		for i := 2; i+1 < len(r.args); i++ {
-			switch v := r.args[i+1]; r.args[i] {
-			case "-s":
-				if r.args[i-1] != "!" {
-					if p, err := netip.ParsePrefix(v); err == nil {
-						r.src = p
-					} else if a, err := netip.ParseAddr(v); err == nil {
-						r.src = hostPrefix(a)
-					}
-				}
-			case "-j":
-				r.target = v
-			case "--comment":
-				r.comment = v
-			}
-		}
-		rules = append(rules, r)
-	}
-	return rules
-}
-
-// sameRule compares two rule lines by their arguments, so quoting differences do not
-// matter.
-func sameRule(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
-func containsRule(have []xtRule, want string) bool {
-	w := xtTokens(want)
-	for _, r := range have {
-		if sameRule(r.args, w) {
-			return true
-		}
-	}
-	return false
-}
-
 func addrsOf(fam Family, addrs []netip.Prefix) []netip.Prefix {
 	var out []netip.Prefix
 	for _, a := range addrs {
@@ -216,7 +95,11 @@ func planMasqXTAdd(p MasqPlan, fam Family, chain []xtRule, chainExists bool, pos
 // form); nil means every jump into the chain. chainExists says whether the chain is
 // there when post shows no jump to it.
 func planMasqXTDel(o Owner, addrs []netip.Prefix, post []xtRule, chainExists bool) []string {
-	name := MasqChain(o)
+	return planMasqXTDelChain(MasqChain(o), addrs, post, chainExists)
+}
+
+// planMasqXTDelChain is planMasqXTDel for the chain name.
+func planMasqXTDelChain(name string, addrs []netip.Prefix, post []xtRule, chainExists bool) []string {
 	var out []string
 	remaining := 0
 	for _, r := range post {
@@ -228,7 +111,7 @@ func planMasqXTDel(o Owner, addrs []netip.Prefix, post []xtRule, chainExists boo
 			remaining++
 			continue
 		}
-		out = append(out, "-D"+strings.TrimPrefix(r.line, "-A"))
+		out = append(out, r.deleteLine())
 	}
 	if chainExists && remaining == 0 {
 		out = append(out, "-F "+name, "-X "+name)
@@ -252,34 +135,45 @@ func fromAny(src netip.Prefix, addrs []netip.Prefix) bool {
 
 // planMasqXTGC returns the restore lines that remove, from one family, the masquerade
 // of every container of network that keep does not hold: all its jumps, then its
-// chain. A jump is the network's when its comment names the network and a container
-// whose chain (as MasqChain derives it) is the jump's target; anything else is left
-// alone. Also returns the stale containers, sorted by first appearance.
+// chain. A jump is the network's when its comment names the network and its target
+// is the chain MasqChain derives from the network and the comment's container, or,
+// where the comment had to be cut (very long container IDs), any reference-style
+// chain; it is kept when its target is the chain of a container keep holds. Anything
+// else is left alone. Also returns the stale chains, sorted by first appearance.
 func planMasqXTGC(network string, keep cniplumb.Owners, post []xtRule) (lines []string, stale []string) {
 	kept := map[string]bool{}
 	for o := range keep {
 		if o.Network == network {
-			kept[o.ContainerID] = true
+			kept[MasqChain(o)] = true
 		}
 	}
-	staleChain := map[string]bool{}
+	seen := map[string]bool{}
 	for _, r := range post {
-		if r.chain != masqPostrouting || !strings.HasPrefix(r.target, "CNI-") {
+		if r.chain != masqPostrouting || !strings.HasPrefix(r.target, "CNI-") || kept[r.target] || seen[r.target] {
 			continue
 		}
 		n, id, ok := parseMasqComment(r.comment)
-		if !ok || n != network || kept[id] || MasqChain(Owner{Network: n, ContainerID: id}) != r.target {
+		if !ok || !masqCommentOf(network, n, id, r) {
 			continue
 		}
-		if !staleChain[r.target] {
-			staleChain[r.target] = true
-			stale = append(stale, id)
-		}
+		seen[r.target] = true
+		stale = append(stale, r.target)
 	}
-	for _, id := range stale {
-		lines = append(lines, planMasqXTDel(Owner{Network: network, ContainerID: id}, nil, post, true)...)
+	for _, chain := range stale {
+		lines = append(lines, planMasqXTDelChain(chain, nil, post, true)...)
 	}
 	return lines, stale
+}
+
+// masqCommentOf reports whether a jump commented with network n and container id
+// belongs to network: exactly, or, where masqComment had to cut the comment, by the
+// network name it always keeps at least half the room for.
+func masqCommentOf(network, n, id string, r xtRule) bool {
+	if n == network && MasqChain(Owner{Network: network, ContainerID: id}) == r.target {
+		return true
+	}
+	cut := len(r.comment) == maxXTComment
+	return cut && (n == network || len(n) >= masqCommentRoom/2 && strings.HasPrefix(network, n))
 }
 
 // checkMasqXT compares family fam of p with the listings: nil chain (absent) is
@@ -300,9 +194,4 @@ func checkMasqXT(p MasqPlan, fam Family, chain []xtRule, chainExists bool, post 
 		}
 	}
 	return nil
-}
-
-// natScript wraps nat-table lines into iptables-restore input.
-func natScript(lines []string) string {
-	return "*nat\n" + strings.Join(lines, "\n") + "\nCOMMIT\n"
 }

@@ -41,9 +41,9 @@ func OpenMasq(want Kind) (MasqBackend, Kind, error) {
 		return nil, "", err
 	}
 	if k == KindIPTables {
-		return NewMasqIPTables(), k, nil
+		return newMasqIPTables(hostXT(), lockIPTables("masq")), k, nil
 	}
-	return NewMasqNFTables(), k, nil
+	return &MasqNFTables{s: hostNFTSocket()}, k, nil
 }
 
 // RemoveMasq is ipMasq's DEL: it removes o's masquerade from both layouts, whichever
@@ -56,7 +56,7 @@ func OpenMasq(want Kind) (MasqBackend, Kind, error) {
 // offer is skipped, as the reference skips it.
 func RemoveMasq(ctx context.Context, o Owner, addrs []netip.Prefix) error {
 	var errs []error
-	nft := NewMasqNFTables()
+	nft := &MasqNFTables{s: hostNFTSocket()}
 	nftErr := nft.Remove(ctx, o, addrs)
 	if nftErr != nil && ProbeHost().NFTables {
 		errs = append(errs, nftErr)
@@ -80,7 +80,7 @@ func RemoveMasq(ctx context.Context, o Owner, addrs []netip.Prefix) error {
 		}
 	}
 	if need != 0 {
-		errs = append(errs, NewMasqIPTables().removeFamilies(ctx, o, addrs, need))
+		errs = append(errs, newMasqIPTables(hostXT(), lockIPTables("masq")).removeFamilies(ctx, o, addrs, need))
 	}
 	return errors.Join(errs...)
 }
@@ -106,10 +106,10 @@ func CheckMasq(ctx context.Context, want Kind, p MasqPlan) error {
 	}
 	var other MasqBackend
 	switch {
-	case k == KindNFTables && haveBinaries(IPv4) && (p.Families()&V6 == 0 || haveBinaries(IPv6)):
-		other = NewMasqIPTables()
+	case k == KindNFTables && hostXT().Installed(IPv4) && (p.Families()&V6 == 0 || hostXT().Installed(IPv6)):
+		other = newMasqIPTables(hostXT(), lockIPTables("masq"))
 	case k == KindIPTables:
-		other = NewMasqNFTables()
+		other = &MasqNFTables{s: hostNFTSocket()}
 	default:
 		return err
 	}
@@ -125,12 +125,12 @@ func GCMasq(ctx context.Context, network string, keep cniplumb.Owners) error {
 	p := ProbeHost()
 	var errs []error
 	if p.NFTables {
-		if err := NewMasqNFTables().GC(ctx, network, keep); err != nil {
+		if err := (&MasqNFTables{s: hostNFTSocket()}).GC(ctx, network, keep); err != nil {
 			errs = append(errs, fmt.Errorf("nftables: %w", err))
 		}
 	}
 	if p.IPTables {
-		if err := NewMasqIPTables().GC(ctx, network, keep); err != nil {
+		if err := newMasqIPTables(hostXT(), lockIPTables("masq")).GC(ctx, network, keep); err != nil {
 			errs = append(errs, fmt.Errorf("iptables: %w", err))
 		}
 	}

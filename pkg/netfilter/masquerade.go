@@ -1,7 +1,6 @@
 package netfilter
 
 import (
-	"context"
 	"crypto/sha512"
 	"encoding/hex"
 	"fmt"
@@ -9,8 +8,6 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
-
-	"github.com/podwire/podwire/pkg/cniplumb"
 )
 
 // This file is bridge's ipMasq: the masquerade of one attachment as plain data
@@ -71,11 +68,6 @@ func (p MasqPlan) Validate() error {
 			return fmt.Errorf("masquerade of %s: %v is not a usable address with prefix length", p.Owner, a)
 		}
 	}
-	// An iptables comment holds at most 255 bytes; the reference's ADD fails the same
-	// way, so a pod with such names could not be masqueraded by either plugin.
-	if c := masqComment(p.Owner); len(c) > 255 {
-		return fmt.Errorf("masquerade of %s: network name and container ID make a %d-byte iptables comment (at most 255); use a shorter network name", p.Owner, len(c))
-	}
 	return nil
 }
 
@@ -116,10 +108,21 @@ func sha512Hex(s string, n int) string {
 func MasqChain(o Owner) string { return "CNI-" + sha512Hex(o.Network+o.ContainerID, 24) }
 
 // masqComment is the reference's iptables comment on every masquerade rule of o,
-// `name: "<network>" id: "<containerID>"` (Go-quoted strings).
+// `name: "<network>" id: "<containerID>"` (Go-quoted strings). An iptables comment
+// holds at most 255 bytes; where network and container ID do not fit (the reference's
+// ADD fails there), they are cut, the network last, so the comment still parses. The
+// rules are found through the chain name, which hashes both in full.
 func masqComment(o Owner) string {
-	return "name: " + strconv.Quote(o.Network) + " id: " + strconv.Quote(o.ContainerID)
+	net, id := o.Network, o.ContainerID
+	if len(net)+len(id) > masqCommentRoom {
+		net = net[:min(len(net), max(masqCommentRoom-len(id), masqCommentRoom/2))]
+		id = id[:masqCommentRoom-len(net)]
+	}
+	return "name: " + strconv.Quote(net) + " id: " + strconv.Quote(id)
 }
+
+// masqCommentRoom is what a masqComment has for network name and container ID.
+const masqCommentRoom = maxXTComment - len(`name: "" id: ""`)
 
 // parseMasqComment reads network and container ID back from a masqComment.
 func parseMasqComment(c string) (network, containerID string, ok bool) {
@@ -170,24 +173,28 @@ func masqNFTComment(o Owner) string {
 	return c
 }
 
-// MasqBackend installs and removes masquerades in the reference plugin's layout of one
-// backend. Apply and Remove are atomic per address family (one iptables-restore per
-// family, one nftables batch).
-type MasqBackend interface {
-	// Apply installs p. What p.Owner already has is kept; missing rules are added (as
-	// the reference's AppendUnique does), so a repeated ADD changes nothing.
-	Apply(ctx context.Context, p MasqPlan) error
-	// Check reports an error when a rule of p is missing; IsNotFound when none is there.
-	Check(ctx context.Context, p MasqPlan) error
-	// Remove deletes o's masquerade. addrs, when known (prevResult), name the pod's
-	// addresses: iptables then only touches their families and their jumps (a chain
-	// shared with another interface of the same container stays while that one uses
-	// it). Without addrs everything of o goes, in both families. Absent is success.
-	Remove(ctx context.Context, o Owner, addrs []netip.Prefix) error
-	// GC removes the masquerade of every attachment of network that keep does not
-	// hold. The iptables layout knows no interface name, so there an attachment counts
-	// as kept when keep holds any interface of its container in network.
-	GC(ctx context.Context, network string, keep cniplumb.Owners) error
+// MasqBackend installs and removes masquerades in the reference plugin's layout of
+// one backend. Apply gives p.Owner exactly p's rules: on iptables it keeps what is
+// there and adds what is missing (as the reference's AppendUnique does), on nftables
+// it replaces the owner's rules in one batch. Removal knows
+// the pod's addresses when prevResult has them: iptables then only touches their
+// families and their jumps (a chain shared with another interface of the same
+// container stays while that one uses it); without them everything of the owner
+// goes, in both families. The iptables layout knows no interface name, so there GC
+// keeps an attachment when keep holds any interface of its container in network.
+type MasqBackend = Backend[MasqPlan, []netip.Prefix]
+
+// NewMasqOn returns the ipMasq backend of kind k on the given seams (a fake kernel in
+// tests), without podwire's lock files.
+func NewMasqOn(k Kind, xt XTables, nc NFTConn) MasqBackend {
+	if k == KindNFTables {
+		return &MasqNFTables{s: nftSocketOn(nc)}
+	}
+	return newMasqIPTables(xt, func() (func(), error) { return noLock("") })
+}
+
+func newMasqIPTables(xt XTables, lock func() (func(), error)) *MasqIPTables {
+	return &MasqIPTables{xt: xt, lock: lock}
 }
 
 // MasqProbe is what the host offers for ipMasq, as ProbeMasq finds it.

@@ -2,7 +2,6 @@ package netfilter
 
 import (
 	"fmt"
-	"net"
 	"net/netip"
 
 	"github.com/google/nftables"
@@ -83,24 +82,6 @@ func addrBytes(a netip.Addr) []byte {
 	return b[:]
 }
 
-// matchPrefix loads the source or destination address and compares it with p.
-func matchPrefix(fam Family, dst bool, p netip.Prefix, neg bool) []expr.Any {
-	var off, n uint32 = 12, 4
-	if fam == IPv6 {
-		off, n = 8, 16
-	}
-	if dst {
-		off += n
-	}
-	p = p.Masked()
-	out := []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n}}
-	if p.Bits() < int(n*8) {
-		mask := net.CIDRMask(p.Bits(), int(n*8))
-		out = append(out, &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: n, Mask: mask, Xor: make([]byte, n)})
-	}
-	return append(out, &expr.Cmp{Op: cmpOp(neg), Register: 1, Data: addrBytes(p.Addr())})
-}
-
 var protoNums = map[Proto]byte{TCP: unix.IPPROTO_TCP, UDP: unix.IPPROTO_UDP, SCTP: unix.IPPROTO_SCTP}
 
 // ifnameBytes is an interface name as the kernel compares it: NUL-padded to IFNAMSIZ.
@@ -115,13 +96,8 @@ func nftExprs(f Feature, r Rule) ([]expr.Any, error) {
 	var e []expr.Any
 	m := r.Match
 	if !f.Bridge {
-		switch r.Family {
-		case IPv4:
-			e = append(e, &expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}})
-		case IPv6:
-			e = append(e, &expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV6}})
+		if r.Family != AnyFamily {
+			e = append(e, nfproto(r.Family)...)
 		}
 	} else if m.Src.IsValid() || m.Dst.IsValid() || m.Proto != "" || m.DstLocal {
 		return nil, fmt.Errorf("rule %q: bridge-family rules match layer 2 only", r)
@@ -135,10 +111,10 @@ func nftExprs(f Feature, r Rule) ([]expr.Any, error) {
 			&expr.Cmp{Op: cmpOp(m.NotSrcMAC), Register: 1, Data: []byte(m.SrcMAC)})
 	}
 	if m.Src.IsValid() {
-		e = append(e, matchPrefix(r.Family, false, m.Src, m.NotSrc)...)
+		e = append(e, nftPrefixMatch(false, m.Src, cmpOp(m.NotSrc))...)
 	}
 	if m.Dst.IsValid() {
-		e = append(e, matchPrefix(r.Family, true, m.Dst, m.NotDst)...)
+		e = append(e, nftPrefixMatch(true, m.Dst, cmpOp(m.NotDst))...)
 	}
 	if m.DstLocal {
 		e = append(e, &expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true},

@@ -1,15 +1,19 @@
 // Package netfilter is podwire's packet-filter layer, shared by bridge (ipMasq,
-// macspoofchk) and portmap. Plugins describe what an attachment needs as a Plan: plain
-// data, a list of backend-neutral Rules owned by one cniplumb.Owner. A Backend turns a
-// Plan into kernel state atomically, either through one `iptables-restore --noflush`
-// per address family (IPTables) or through one nftables netlink batch (NFTables), and
-// removes an owner's rules later without knowing their content: every rule carries its
-// owner's Tag (an iptables comment, an nftables rule comment), which is also how GC
-// finds the attachments that left rules behind.
+// macspoofchk) and portmap. An attachment's rules are described as plain data (a
+// HostPortPlan, a MasqPlan, or a Plan of backend-neutral Rules) owned by one
+// cniplumb.Owner; a layout renders them into one program's kernel objects and
+// recognizes them again for CHECK, DEL and GC, whatever else the node holds:
 //
-// Each Feature owns its own objects: chains PW-<FEATURE>-<HOOK> in iptables, a table
-// podwire_<feature> in nftables. Nothing else on the node is listed or changed beyond
-// one jump from the built-in chain to the feature's chain.
+//	portmap, iptables   the reference's CNI-HOSTPORT-DNAT/-MASQ and CNI-DN-<hash> (hostport_iptables.go)
+//	portmap, nftables   podwire's table inet podwire_hostport (nft_tables.go)
+//	ipMasq, iptables    the reference's CNI-<hash> chain and POSTROUTING jumps (masq_iptables.go)
+//	ipMasq, nftables    the reference's table inet cni_plugins_masquerade (masq_nft_layout.go)
+//	macspoofchk         podwire's table bridge podwire_macspoof (nft_tables.go)
+//
+// Layouts run on two narrow seams: XTables (`iptables -S` of one chain, -C, and one
+// `iptables-restore --noflush` per change, through github.com/coreos/go-iptables and
+// the binary) and NFTConn (a github.com/google/nftables connection, one atomic batch
+// per change). Package fake implements both in memory for unit tests.
 package netfilter
 
 import (
@@ -67,19 +71,6 @@ func (s Families) Has(f Family) bool {
 		return s&V6 != 0
 	}
 	return false
-}
-
-// FamiliesOf returns the families of the given addresses.
-func FamiliesOf(addrs ...netip.Addr) Families {
-	var s Families
-	for _, a := range addrs {
-		if FamilyOf(a) == IPv4 {
-			s |= V4
-		} else {
-			s |= V6
-		}
-	}
-	return s
 }
 
 // Hook is a base chain a feature hangs its rules off: a netfilter hook, a chain type
@@ -320,20 +311,4 @@ func (p Plan) String() string {
 		b.WriteByte('\n')
 	}
 	return b.String()
-}
-
-// validChainName reports whether s can be written into an iptables-restore line as a
-// chain name without changing the line's meaning.
-func validChainName(s string) bool {
-	if s == "" || len(s) > maxChainName || s[0] == '-' || s[0] == '!' {
-		return false
-	}
-	for _, c := range s {
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '_', c == '-', c == '.':
-		default:
-			return false
-		}
-	}
-	return true
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -154,7 +155,7 @@ func add(ctx context.Context, in *cniplumb.Input) (_ types.Result, err error) {
 			return nil, fmt.Errorf("installing macspoofchk for %s: %w", hostName, err)
 		}
 		undo.push("removing macspoofchk rules", func() error {
-			return nft.Remove(context.WithoutCancel(ctx), netfilter.MacSpoofFeature, netfilter.IDOf(owner), netfilter.All)
+			return nft.Remove(context.WithoutCancel(ctx), netfilter.MacSpoofFeature, owner)
 		})
 	}
 
@@ -225,7 +226,7 @@ func pvidOf(br *netlink.Bridge) uint16 {
 func podHasLink(podNS ns.NetNS, name string) bool {
 	found := false
 	_ = podNS.Do(func(ns.NetNS) error {
-		_, err := netlink.LinkByName(name)
+		_, err := netlinksafe.LinkByName(name)
 		found = err == nil
 		return nil
 	})
@@ -239,7 +240,7 @@ func configurePod(c *conf, ifName string, ap *addrPlan) error {
 		if c.raw.DisableContainerInterface {
 			return nil
 		}
-		l, err := netlink.LinkByName(ifName)
+		l, err := netlinksafe.LinkByName(ifName)
 		if err != nil {
 			return err
 		}
@@ -255,7 +256,7 @@ func configurePod(c *conf, ifName string, ap *addrPlan) error {
 		_ = link.WriteSysctl("net/ipv6/conf/"+ifName+"/accept_dad", "0")
 	}
 	_ = link.WriteSysctl("net/ipv4/conf/"+ifName+"/arp_notify", "1")
-	l, err := netlink.LinkByName(ifName)
+	l, err := netlinksafe.LinkByName(ifName)
 	if err != nil {
 		return err
 	}
@@ -302,7 +303,7 @@ func configurePod(c *conf, ifName string, ap *addrPlan) error {
 func waitDAD(l netlink.Link, addrs []net.IP, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		list, err := netlink.AddrList(l, netlink.FAMILY_V6)
+		list, err := netlinksafe.AddrList(l, netlink.FAMILY_V6)
 		if err != nil {
 			return fmt.Errorf("listing IPv6 addresses of %s: %w", l.Attrs().Name, err)
 		}
@@ -359,7 +360,7 @@ func ensureGateways(c *conf, br *netlink.Bridge, ap *addrPlan) (*current.Interfa
 // port of that VLAN on the bridge. Concurrent ADDs may race to create it.
 func ensureVlanGateway(c *conf, br *netlink.Bridge) (netlink.Link, error) {
 	name := vlanGatewayName(c.Bridge, c.raw.Vlan)
-	if l, err := netlink.LinkByName(name); err == nil {
+	if l, err := netlinksafe.LinkByName(name); err == nil {
 		return l, nil
 	}
 	hostNS, err := ns.GetCurrentNS()
@@ -368,7 +369,7 @@ func ensureVlanGateway(c *conf, br *netlink.Bridge) (netlink.Link, error) {
 	}
 	defer hostNS.Close()
 	v, err := link.CreateVeth(link.VethSpec{PodIfName: name, PodNSFd: int(hostNS.Fd()), MTU: c.raw.MTU, BridgeIdx: br.Index},
-		func(n string) bool { _, err := netlink.LinkByName(n); return err == nil })
+		func(n string) bool { _, err := netlinksafe.LinkByName(n); return err == nil })
 	if err != nil && !errors.Is(err, link.ErrPodIfExists) {
 		return nil, fmt.Errorf("creating VLAN gateway interface %s: %w", name, err)
 	}
@@ -377,7 +378,7 @@ func ensureVlanGateway(c *conf, br *netlink.Bridge) (netlink.Link, error) {
 			return nil, err
 		}
 	}
-	l, err := netlink.LinkByName(name)
+	l, err := netlinksafe.LinkByName(name)
 	if err != nil {
 		return nil, fmt.Errorf("looking up VLAN gateway interface %s: %w", name, err)
 	}
@@ -396,7 +397,7 @@ func ensureAddr(l netlink.Link, gw net.IPNet, force bool) error {
 	if gw.IP.To4() == nil {
 		fam = netlink.FAMILY_V6
 	}
-	addrs, err := netlink.AddrList(l, fam)
+	addrs, err := netlinksafe.AddrList(l, fam)
 	if err != nil {
 		return fmt.Errorf("listing addresses of %s: %w", l.Attrs().Name, err)
 	}

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
@@ -49,7 +50,7 @@ func del(ctx context.Context, in *cniplumb.Input) error {
 	}
 	if c.raw.MacSpoofChk {
 		step(func() error {
-			if err := netfilter.NewNFTables().Remove(ctx, netfilter.MacSpoofFeature, netfilter.IDOf(owner), netfilter.All); err != nil {
+			if err := netfilter.NewNFTables().Remove(ctx, netfilter.MacSpoofFeature, owner); err != nil {
 				return fmt.Errorf("removing macspoofchk rules of %s: %w", owner, err)
 			}
 			return nil
@@ -78,9 +79,6 @@ func del(ctx context.Context, in *cniplumb.Input) error {
 	for _, ch := range steps {
 		errs = append(errs, <-ch)
 	}
-	// Closing an nf_tables socket that deleted rules waits for the kernel to free them
-	// (~7 ms); a child holds the sockets until that is over.
-	netfilter.DetachSockets()
 	return errors.Join(errs...)
 }
 
@@ -118,7 +116,7 @@ func check(ctx context.Context, in *cniplumb.Input) error {
 	if podIf.Sandbox != in.Netns {
 		return fmt.Errorf("prevResult puts %s in %s, not in CNI_NETNS %s", in.IfName, podIf.Sandbox, in.Netns)
 	}
-	bl, err := netlink.LinkByName(c.Bridge)
+	bl, err := netlinksafe.LinkByName(c.Bridge)
 	if err != nil {
 		return fmt.Errorf("bridge %s: %w", c.Bridge, err)
 	}
@@ -132,7 +130,7 @@ func check(ctx context.Context, in *cniplumb.Input) error {
 
 	var pod netlink.Link
 	err = ns.WithNetNSPath(in.Netns, func(ns.NetNS) error {
-		if pod, err = netlink.LinkByName(in.IfName); err != nil {
+		if pod, err = netlinksafe.LinkByName(in.IfName); err != nil {
 			return fmt.Errorf("pod interface %s: %w", in.IfName, err)
 		}
 		if _, ok := pod.(*netlink.Veth); !ok {
@@ -149,7 +147,7 @@ func check(ctx context.Context, in *cniplumb.Input) error {
 	// The host end: the veth whose peer is the pod interface, enslaved to the bridge.
 	found := false
 	for _, h := range hostIfs {
-		l, err := netlink.LinkByName(h.Name)
+		l, err := netlinksafe.LinkByName(h.Name)
 		if err != nil {
 			continue
 		}
@@ -200,7 +198,7 @@ func podIndexIn(r *current.Result, podIf *current.Interface) int {
 
 // checkAddrsRoutes runs in the pod's namespace.
 func checkAddrsRoutes(pod netlink.Link, prev *current.Result, podIdx int) error {
-	addrs, err := netlink.AddrList(pod, netlink.FAMILY_ALL)
+	addrs, err := netlinksafe.AddrList(pod, netlink.FAMILY_ALL)
 	if err != nil {
 		return fmt.Errorf("listing addresses of %s: %w", pod.Attrs().Name, err)
 	}
@@ -220,7 +218,7 @@ func checkAddrsRoutes(pod netlink.Link, prev *current.Result, podIdx int) error 
 	}
 	for _, r := range prev.Routes {
 		dst := r.Dst
-		routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Dst: &dst, Table: 0}, netlink.RT_FILTER_DST)
+		routes, err := netlinksafe.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Dst: &dst, Table: 0}, netlink.RT_FILTER_DST)
 		if err != nil {
 			return fmt.Errorf("listing routes to %s: %w", dst.String(), err)
 		}
@@ -255,15 +253,8 @@ func gc(ctx context.Context, in *cniplumb.Input) error {
 		errs = append(errs, fmt.Errorf("removing stale ipMasq rules: %w", err))
 	}
 	if netfilter.ProbeHost().NFTables {
-		nft := netfilter.NewNFTables()
-		tags, err := nft.Tags(ctx, netfilter.MacSpoofFeature)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("listing macspoofchk rules: %w", err))
-		}
-		for _, t := range netfilter.Stale(tags, in.Conf.Name, in.ValidAttachments) {
-			if err := nft.Remove(ctx, netfilter.MacSpoofFeature, t.ID, netfilter.All); err != nil {
-				errs = append(errs, fmt.Errorf("removing stale macspoofchk rules: %w", err))
-			}
+		if err := netfilter.NewNFTables().GC(ctx, netfilter.MacSpoofFeature, in.Conf.Name, in.ValidAttachments); err != nil {
+			errs = append(errs, fmt.Errorf("removing stale macspoofchk rules: %w", err))
 		}
 	}
 	return errors.Join(errs...)

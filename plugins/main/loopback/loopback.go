@@ -8,6 +8,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
@@ -21,14 +22,14 @@ const loName = "lo"
 func add(_ context.Context, in *cniplumb.Input) (types.Result, error) {
 	var addrs []netlink.Addr
 	err := ns.WithNetNSPath(in.Netns, func(ns.NetNS) error {
-		lo, err := netlink.LinkByName(loName)
+		lo, err := netlinksafe.LinkByName(loName)
 		if err != nil {
 			return fmt.Errorf("finding %s: %w", loName, err)
 		}
 		if err := netlink.LinkSetUp(lo); err != nil {
 			return fmt.Errorf("bringing %s up: %w", loName, err)
 		}
-		addrs, err = netlink.AddrList(lo, netlink.FAMILY_ALL)
+		addrs, err = netlinksafe.AddrList(lo, netlink.FAMILY_ALL)
 		if err != nil {
 			return fmt.Errorf("listing %s addresses: %w", loName, err)
 		}
@@ -63,7 +64,7 @@ func del(_ context.Context, in *cniplumb.Input) error {
 		return nil
 	}
 	err := ns.WithNetNSPath(in.Netns, func(ns.NetNS) error {
-		lo, err := netlink.LinkByName(loName)
+		lo, err := netlinksafe.LinkByName(loName)
 		if err != nil {
 			return fmt.Errorf("finding %s: %w", loName, err)
 		}
@@ -85,7 +86,7 @@ func del(_ context.Context, in *cniplumb.Input) error {
 // check verifies lo is administratively up in the container.
 func check(_ context.Context, in *cniplumb.Input) error {
 	return ns.WithNetNSPath(in.Netns, func(ns.NetNS) error {
-		lo, err := netlink.LinkByName(loName)
+		lo, err := netlinksafe.LinkByName(loName)
 		if err != nil {
 			return fmt.Errorf("finding %s in %s: %w", loName, in.Netns, err)
 		}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
@@ -43,7 +44,7 @@ func findHostVeth(netnsPath, ifName string) (string, int, error) {
 
 	var podIndex, peerIndex int
 	err = pod.Do(func(ns.NetNS) error {
-		l, err := netlink.LinkByName(ifName)
+		l, err := netlinksafe.LinkByName(ifName)
 		var nf netlink.LinkNotFoundError
 		if errors.As(err, &nf) {
 			return errGone

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"net"
 	"strings"
 	"testing"
@@ -61,33 +60,33 @@ tcp 2001:db8::1:9443 -> fd88::5:443 (fd88::/64)
 	if d := cmp.Diff(want, p.String()); d != "" {
 		t.Errorf("plan (-want +got):\n%s", d)
 	}
-	// What nftables would hold (the Fake records the neutral rules).
-	f := netfilter.NewHostPortFake()
-	if err := f.Apply(context.Background(), p); err != nil {
+	// The neutral rules: what the nftables backend installs.
+	rules, err := p.Rules()
+	if err != nil {
 		t.Fatal(err)
 	}
-	wantDump := `hostport net1/ctr1/eth0 nat/prerouting ipv4 saddr == 10.88.0.0/16 daddr type local tcp dport 8080 setmark 0x2000
-hostport net1/ctr1/eth0 nat/prerouting ipv4 daddr type local tcp dport 8080 dnat to 10.88.0.5:80
-hostport net1/ctr1/eth0 nat/prerouting ipv4 saddr == 10.88.0.0/16 daddr == 192.0.2.1/32 daddr type local udp dport 5353 setmark 0x2000
-hostport net1/ctr1/eth0 nat/prerouting ipv4 daddr == 192.0.2.1/32 daddr type local udp dport 5353 dnat to 10.88.0.5:53
-hostport net1/ctr1/eth0 nat/output ipv4 saddr == 10.88.0.0/16 daddr type local tcp dport 8080 setmark 0x2000
-hostport net1/ctr1/eth0 nat/output ipv4 saddr == 127.0.0.1/32 daddr type local tcp dport 8080 setmark 0x2000
-hostport net1/ctr1/eth0 nat/output ipv4 daddr type local tcp dport 8080 dnat to 10.88.0.5:80
-hostport net1/ctr1/eth0 nat/output ipv4 saddr == 10.88.0.0/16 daddr == 192.0.2.1/32 daddr type local udp dport 5353 setmark 0x2000
-hostport net1/ctr1/eth0 nat/output ipv4 saddr == 127.0.0.1/32 daddr == 192.0.2.1/32 daddr type local udp dport 5353 setmark 0x2000
-hostport net1/ctr1/eth0 nat/output ipv4 daddr == 192.0.2.1/32 daddr type local udp dport 5353 dnat to 10.88.0.5:53
-hostport net1/ctr1/eth0 nat/postrouting ipv4 daddr == 10.88.0.5/32 mark & 0x2000 == 0x2000 masquerade
-hostport net1/ctr1/eth0 nat/prerouting ipv6 saddr == fd88::/64 daddr type local tcp dport 8080 setmark 0x2000
-hostport net1/ctr1/eth0 nat/prerouting ipv6 daddr type local tcp dport 8080 dnat to [fd88::5]:80
-hostport net1/ctr1/eth0 nat/prerouting ipv6 saddr == fd88::/64 daddr == 2001:db8::1/128 daddr type local tcp dport 9443 setmark 0x2000
-hostport net1/ctr1/eth0 nat/prerouting ipv6 daddr == 2001:db8::1/128 daddr type local tcp dport 9443 dnat to [fd88::5]:443
-hostport net1/ctr1/eth0 nat/output ipv6 saddr == fd88::/64 daddr type local tcp dport 8080 setmark 0x2000
-hostport net1/ctr1/eth0 nat/output ipv6 daddr type local tcp dport 8080 dnat to [fd88::5]:80
-hostport net1/ctr1/eth0 nat/output ipv6 saddr == fd88::/64 daddr == 2001:db8::1/128 daddr type local tcp dport 9443 setmark 0x2000
-hostport net1/ctr1/eth0 nat/output ipv6 daddr == 2001:db8::1/128 daddr type local tcp dport 9443 dnat to [fd88::5]:443
-hostport net1/ctr1/eth0 nat/postrouting ipv6 daddr == fd88::5/128 mark & 0x2000 == 0x2000 masquerade
+	wantDump := `nat/prerouting ipv4 saddr == 10.88.0.0/16 daddr type local tcp dport 8080 setmark 0x2000
+nat/prerouting ipv4 daddr type local tcp dport 8080 dnat to 10.88.0.5:80
+nat/prerouting ipv4 saddr == 10.88.0.0/16 daddr == 192.0.2.1/32 daddr type local udp dport 5353 setmark 0x2000
+nat/prerouting ipv4 daddr == 192.0.2.1/32 daddr type local udp dport 5353 dnat to 10.88.0.5:53
+nat/output ipv4 saddr == 10.88.0.0/16 daddr type local tcp dport 8080 setmark 0x2000
+nat/output ipv4 saddr == 127.0.0.1/32 daddr type local tcp dport 8080 setmark 0x2000
+nat/output ipv4 daddr type local tcp dport 8080 dnat to 10.88.0.5:80
+nat/output ipv4 saddr == 10.88.0.0/16 daddr == 192.0.2.1/32 daddr type local udp dport 5353 setmark 0x2000
+nat/output ipv4 saddr == 127.0.0.1/32 daddr == 192.0.2.1/32 daddr type local udp dport 5353 setmark 0x2000
+nat/output ipv4 daddr == 192.0.2.1/32 daddr type local udp dport 5353 dnat to 10.88.0.5:53
+nat/postrouting ipv4 daddr == 10.88.0.5/32 mark & 0x2000 == 0x2000 masquerade
+nat/prerouting ipv6 saddr == fd88::/64 daddr type local tcp dport 8080 setmark 0x2000
+nat/prerouting ipv6 daddr type local tcp dport 8080 dnat to [fd88::5]:80
+nat/prerouting ipv6 saddr == fd88::/64 daddr == 2001:db8::1/128 daddr type local tcp dport 9443 setmark 0x2000
+nat/prerouting ipv6 daddr == 2001:db8::1/128 daddr type local tcp dport 9443 dnat to [fd88::5]:443
+nat/output ipv6 saddr == fd88::/64 daddr type local tcp dport 8080 setmark 0x2000
+nat/output ipv6 daddr type local tcp dport 8080 dnat to [fd88::5]:80
+nat/output ipv6 saddr == fd88::/64 daddr == 2001:db8::1/128 daddr type local tcp dport 9443 setmark 0x2000
+nat/output ipv6 daddr == 2001:db8::1/128 daddr type local tcp dport 9443 dnat to [fd88::5]:443
+nat/postrouting ipv6 daddr == fd88::5/128 mark & 0x2000 == 0x2000 masquerade
 `
-	if d := cmp.Diff(wantDump, f.Dump()); d != "" {
+	if d := cmp.Diff(wantDump, rules.String()); d != "" {
 		t.Errorf("nftables rules (-want +got):\n%s", d)
 	}
 	m := markerOf(p, netfilter.KindNFTables)

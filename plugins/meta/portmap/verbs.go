@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
 
@@ -25,9 +26,6 @@ type portmap struct {
 	localnet localnetUsers
 	flushUDP func(ipv6 bool, ports []uint16) error
 	logf     func(format string, a ...any)
-	// detach hands the process's nfnetlink sockets to a short-lived child, so exiting
-	// does not wait for the kernel to free deleted rules (netfilter.DetachSockets).
-	detach func()
 }
 
 func stderrf(format string, a ...any) { fmt.Fprintf(os.Stderr, "portmap: "+format+"\n", a...) }
@@ -205,17 +203,7 @@ func (pm *portmap) del(ctx context.Context, in *cniplumb.Input) error {
 			return err
 		}
 		pm.flush(m)
-		if err := pm.state.remove(owner); err != nil {
-			return err
-		}
-		if len(m.UDP4)+len(m.UDP6) == 0 {
-			// With a UDP flush the conntrack socket has already waited for the
-			// grace period; otherwise let a child wait for it instead of the runtime
-			// (nftables, and iptables-nft on the direct path; without nfnetlink
-			// sockets this does nothing).
-			pm.detach()
-		}
-		return nil
+		return pm.state.remove(owner)
 	}
 	tc := parseTeardownConf(in.Stdin)
 	if !tc.HasMappings {
@@ -349,6 +337,15 @@ func (pm *portmap) gc(ctx context.Context, in *cniplumb.Input) error {
 		if valid[m.id] {
 			continue
 		}
+		// The backends' GC finds attachments through the jumps into their chains;
+		// where someone flushed those away, the marker still names the owner, whose
+		// chain Remove finds by its derived name.
+		if o, ok := ownerOfKey(m.Owner); ok && netfilter.IDOf(o) == m.id {
+			if err := pm.removeWith(ctx, kindsOf(m.marker), o, m.Families); err != nil {
+				errs = append(errs, err)
+				continue // keep the marker for the next GC
+			}
+		}
 		pm.flush(m.marker)
 		// route_localnet first, as in DEL: a GC killed in between leaves the marker
 		// for the next GC.
@@ -360,6 +357,16 @@ func (pm *portmap) gc(ctx context.Context, in *cniplumb.Input) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// ownerOfKey parses an Owner.Key (network and container ID have no "/", and neither
+// has an interface name).
+func ownerOfKey(key string) (cniplumb.Owner, bool) {
+	f := strings.Split(key, "/")
+	if len(f) != 3 {
+		return cniplumb.Owner{}, false
+	}
+	return cniplumb.Owner{Network: f[0], ContainerID: f[1], IfName: f[2]}, true
 }
 
 // status reports the configured backend unusable (code 50) when it is.

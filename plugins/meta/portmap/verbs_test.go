@@ -16,6 +16,7 @@ import (
 
 	"github.com/podwire/podwire/pkg/cniplumb"
 	"github.com/podwire/podwire/pkg/netfilter"
+	"github.com/podwire/podwire/pkg/netfilter/fake"
 )
 
 // world is the plugin wired to fakes: one HostPortFake per backend kind, a temporary
@@ -23,13 +24,13 @@ import (
 type world struct {
 	t        *testing.T
 	pm       *portmap
-	fw       map[netfilter.Kind]*netfilter.HostPortFake
+	kernel   map[netfilter.Kind]*fake.Kernel
+	fw       map[netfilter.Kind]netfilter.HostPortBackend
 	opens    int
 	probe    netfilter.Probe
 	flushed  []string
 	localnet []netip.Addr
 	failLoc  error
-	detached int
 	proc     string
 	stateDir string
 }
@@ -42,7 +43,11 @@ func (w *world) routeLocalnet() string {
 
 func newWorld(t *testing.T) *world {
 	w := &world{t: t, probe: netfilter.Probe{IPTables: true, NFTables: true}, stateDir: t.TempDir(),
-		fw: map[netfilter.Kind]*netfilter.HostPortFake{netfilter.KindIPTables: netfilter.NewHostPortFake(), netfilter.KindNFTables: netfilter.NewHostPortFake()}}
+		kernel: map[netfilter.Kind]*fake.Kernel{netfilter.KindIPTables: fake.New(), netfilter.KindNFTables: fake.New()}}
+	w.fw = map[netfilter.Kind]netfilter.HostPortBackend{}
+	for k, f := range w.kernel {
+		w.fw[k] = netfilter.NewHostPortsOn(k, f, f)
+	}
 	w.proc = t.TempDir()
 	if err := os.MkdirAll(w.proc+"/cni0", 0o755); err != nil {
 		t.Fatal(err)
@@ -71,13 +76,12 @@ func newWorld(t *testing.T) *world {
 		},
 		localnet: localnet{dir: w.stateDir, proc: w.proc},
 		logf:     t.Logf,
-		detach:   func() { w.detached++ },
 	}
 	return w
 }
 
 func (w *world) dump() string {
-	return w.fw[netfilter.KindIPTables].Dump() + w.fw[netfilter.KindNFTables].Dump()
+	return w.kernel[netfilter.KindIPTables].Dump() + w.kernel[netfilter.KindNFTables].Dump()
 }
 
 func (w *world) markers() []string {
@@ -119,7 +123,7 @@ func TestAddDelCycle(t *testing.T) {
 	if res.(*current.Result) != nil && len(res.(*current.Result).IPs) != 4 {
 		t.Errorf("prevResult not passed through: %v", res)
 	}
-	if d := w.fw[netfilter.KindNFTables].Dump(); !strings.Contains(d, "dnat to 10.88.0.5:80") || !strings.Contains(d, "dnat to [fd88::5]:53") {
+	if d := w.kernel[netfilter.KindNFTables].Dump(); !strings.Contains(d, "dnat to 10.88.0.5:80") || !strings.Contains(d, "dnat to [fd88::5]:53") {
 		t.Errorf("auto did not pick nftables or rules are missing:\n%s", w.dump())
 	}
 	if len(w.markers()) != 1 || len(w.localnet) != 1 || w.localnet[0] != addr("10.88.0.5") {
@@ -214,7 +218,7 @@ func TestAddBadInputCreatesNothing(t *testing.T) {
 func TestAddFailureUndoes(t *testing.T) {
 	ctx := context.Background()
 	w := newWorld(t)
-	w.fw[netfilter.KindNFTables].FailNext("apply", cniplumb.TryAgain("the xtables lock", errors.New("held")))
+	w.kernel[netfilter.KindNFTables].FailNext("flush", cniplumb.TryAgain("the xtables lock", errors.New("held")))
 	_, err := w.pm.add(ctx, input("ADD", owner1, "", tcpMapping, dualStack()))
 	if cniplumb.Code(err) != 11 {
 		t.Errorf("busy backend: %v (code %d), want code 11", err, cniplumb.Code(err))
@@ -237,7 +241,7 @@ func TestBackendSelection(t *testing.T) {
 	if _, err := w.pm.add(ctx, input("ADD", owner1, `,"backend":"iptables"`, tcpMapping, dualStack())); err != nil {
 		t.Fatal(err)
 	}
-	if w.fw[netfilter.KindIPTables].Dump() == "" || w.fw[netfilter.KindNFTables].Dump() != "" {
+	if w.kernel[netfilter.KindIPTables].Dump() == "" || w.kernel[netfilter.KindNFTables].Dump() != "" {
 		t.Errorf("backend iptables not honoured:\n%s", w.dump())
 	}
 	// DEL follows the marker, whatever the DEL configuration says.
@@ -421,33 +425,6 @@ func TestMarkerRoundTrip(t *testing.T) {
 	}
 }
 
-// DEL hands its nfnetlink sockets to a child after a removal without a UDP flush (the
-// flush's own socket has waited for the grace period already), on either backend (the
-// iptables backend has nfnetlink sockets on the direct iptables-nft path).
-func TestDelDetach(t *testing.T) {
-	ctx := context.Background()
-	for _, tc := range []struct {
-		extra, mappings string
-		want            int
-	}{
-		{`,"backend":"nftables"`, tcpMapping, 1},
-		{`,"backend":"nftables"`, bothMapping, 0},
-		{`,"backend":"iptables"`, tcpMapping, 1},
-		{`,"backend":"iptables"`, bothMapping, 0},
-	} {
-		w := newWorld(t)
-		if _, err := w.pm.add(ctx, input("ADD", owner1, tc.extra, tc.mappings, dualStack())); err != nil {
-			t.Fatal(err)
-		}
-		if err := w.pm.del(ctx, input("DEL", owner1, "", "", nil)); err != nil {
-			t.Fatal(err)
-		}
-		if w.detached != tc.want {
-			t.Errorf("%s %s: detached %d times, want %d", tc.extra, tc.mappings, w.detached, tc.want)
-		}
-	}
-}
-
 // A repeated ADD with another backend or fewer families leaves nothing of the first.
 func TestReAdd(t *testing.T) {
 	ctx := context.Background()
@@ -458,7 +435,7 @@ func TestReAdd(t *testing.T) {
 	if _, err := w.pm.add(ctx, input("ADD", owner1, `,"backend":"nftables"`, tcpMapping, dualStack())); err != nil {
 		t.Fatal(err)
 	}
-	if w.fw[netfilter.KindIPTables].Dump() != "" || w.fw[netfilter.KindNFTables].Dump() == "" {
+	if w.kernel[netfilter.KindIPTables].Dump() != "" || w.kernel[netfilter.KindNFTables].Dump() == "" {
 		t.Errorf("after switching backends:\n%s", w.dump())
 	}
 	v4only := &current.Result{Interfaces: dualStack().Interfaces, IPs: dualStack().IPs[:2]}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os/exec"
 
 	"github.com/podwire/podwire/pkg/cniplumb"
 )
@@ -16,39 +15,23 @@ import (
 // per masqueraded pod address; never a whole table) and one
 // `iptables-restore --noflush`. ip6tables is not run for IPv4-only plans or removals.
 type MasqIPTables struct {
-	ipt *IPTables
+	xt   XTables
+	lock func() (func(), error)
 }
 
 var _ MasqBackend = (*MasqIPTables)(nil)
 
-// NewMasqIPTables returns the iptables ipMasq backend with the default lock handling
-// of NewIPTables.
-func NewMasqIPTables() *MasqIPTables { return &MasqIPTables{ipt: NewIPTables()} }
-
-// masqLock serializes podwire's read-modify-write cycles on masquerade rules, per
-// backend (LockDir/<backend>-masq.lock).
-var masqLock = Feature{Name: "masq"}
-
 // list reads one nat chain of fam; exists is false when it is absent.
 func (b *MasqIPTables) list(ctx context.Context, fam Family, chain string) (rules []xtRule, exists bool, err error) {
-	bin, _ := binaries(fam)
-	out, err := b.ipt.run(ctx, "", bin, "-t", "nat", "-S", chain)
-	if IsNotFound(err) {
-		return nil, false, nil
-	}
-	if err != nil {
-		return nil, false, err
-	}
-	return parseXTRules(out), true, nil
+	return listXT(ctx, b.xt, fam, "nat", chain)
 }
 
 func (b *MasqIPTables) restore(ctx context.Context, fam Family, lines []string) error {
 	if len(lines) == 0 {
 		return nil
 	}
-	_, restore := binaries(fam)
-	_, err := b.ipt.run(ctx, natScript(lines), restore, "--noflush")
-	return err
+	s := &restoreScript{table: "nat", lines: lines}
+	return b.xt.Restore(ctx, fam, s.String())
 }
 
 // Apply implements MasqBackend. A new container costs one listing (of its chain, which
@@ -57,7 +40,7 @@ func (b *MasqIPTables) Apply(ctx context.Context, p MasqPlan) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	unlock, err := lockFeature("iptables", masqLock)
+	unlock, err := b.lock()
 	if err != nil {
 		return err
 	}
@@ -119,14 +102,14 @@ func (b *MasqIPTables) Remove(ctx context.Context, o Owner, addrs []netip.Prefix
 }
 
 func (b *MasqIPTables) removeFamilies(ctx context.Context, o Owner, addrs []netip.Prefix, fams Families) error {
-	unlock, err := lockFeature("iptables", masqLock)
+	unlock, err := b.lock()
 	if err != nil {
 		return err
 	}
 	defer unlock()
 	var errs []error
 	for _, fam := range []Family{IPv4, IPv6} {
-		if !fams.Has(fam) || !haveBinaries(fam) {
+		if !fams.Has(fam) || !b.xt.Installed(fam) {
 			continue
 		}
 		errs = append(errs, b.removeFamily(ctx, fam, o, addrs))
@@ -169,14 +152,14 @@ func (b *MasqIPTables) removeFamily(ctx context.Context, fam Family, o Owner, ad
 // POSTROUTING and one restore when something is stale. Chains no jump leads to are
 // not found this way (they are inert and go with their attachment's DEL).
 func (b *MasqIPTables) GC(ctx context.Context, network string, keep cniplumb.Owners) error {
-	unlock, err := lockFeature("iptables", masqLock)
+	unlock, err := b.lock()
 	if err != nil {
 		return err
 	}
 	defer unlock()
 	var errs []error
 	for _, fam := range []Family{IPv4, IPv6} {
-		if !haveBinaries(fam) {
+		if !b.xt.Installed(fam) {
 			continue
 		}
 		post, _, err := b.list(ctx, fam, masqPostrouting)
@@ -190,12 +173,4 @@ func (b *MasqIPTables) GC(ctx context.Context, network string, keep cniplumb.Own
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// haveBinaries reports whether fam's iptables and iptables-restore are installed.
-func haveBinaries(fam Family) bool {
-	list, restore := binaries(fam)
-	_, e1 := exec.LookPath(list)
-	_, e2 := exec.LookPath(restore)
-	return e1 == nil && e2 == nil
 }

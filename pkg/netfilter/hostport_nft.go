@@ -20,9 +20,6 @@ type HostPortNFTables struct {
 
 var _ HostPortBackend = (*HostPortNFTables)(nil)
 
-// NewHostPortNFTables returns the nftables host-port backend.
-func NewHostPortNFTables() *HostPortNFTables { return &HostPortNFTables{nft: NewNFTables()} }
-
 // Apply implements HostPortBackend.
 func (b *HostPortNFTables) Apply(ctx context.Context, p HostPortPlan) error {
 	r, err := p.Rules()
@@ -44,22 +41,22 @@ func (b *HostPortNFTables) Check(ctx context.Context, p HostPortPlan) error {
 // Remove implements HostPortBackend. It also removes the rules the reference portmap's
 // nftables backend made for o's container (tables ip/ip6 cni_hostport, rules whose
 // comment is the container ID: the reference keys them by container only).
-func (b *HostPortNFTables) Remove(ctx context.Context, o Owner, fams Families) error {
-	// The reference's rules first: closing removeRefNFT's socket after our own
-	// deletion would wait for the kernel to free the deleted rules (an RCU grace
-	// period, ~10 ms); before it, nothing of ours is pending.
-	c, done, err := b.nft.conn()
+func (b *HostPortNFTables) Remove(ctx context.Context, o Owner, _ Families) error {
+	// The reference's rules first: closing the socket after our own deletion would
+	// wait for the kernel to free the deleted rules (an RCU grace period); before it,
+	// nothing of ours is pending.
+	c, done, err := b.nft.s.conn()
 	if err != nil {
 		return err
 	}
 	rerr := removeRefNFT(c, o.ContainerID)
 	done()
-	return errors.Join(b.nft.Remove(ctx, HostPortFeature, IDOf(o), fams), rerr)
+	return errors.Join(b.nft.Remove(ctx, HostPortFeature, o), rerr)
 }
 
 // GC implements HostPortBackend.
 func (b *HostPortNFTables) GC(ctx context.Context, network string, keep cniplumb.Owners) error {
-	return gcByTags(ctx, b.nft, network, keep)
+	return b.nft.GC(ctx, HostPortFeature, network, keep)
 }
 
 // The reference portmap's nftables objects.
@@ -70,7 +67,7 @@ var refNFTChains = []string{"hostports", "hostip_hostports", "masquerading"}
 // removeRefNFT deletes the reference nftables portmap's rules for containerID, in one
 // batch per family, on c; a missing table or chain is nothing to do. It costs one
 // netlink round trip per family when the reference's tables are absent.
-func removeRefNFT(c *nftables.Conn, containerID string) error {
+func removeRefNFT(c NFTConn, containerID string) error {
 	var errs []error
 	for _, fam := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6} {
 		t, err := c.ListTableOfFamily(refNFTTable, fam)

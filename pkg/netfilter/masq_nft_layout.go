@@ -1,0 +1,207 @@
+package netfilter
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
+	"golang.org/x/sys/unix"
+
+	"github.com/podwire/podwire/pkg/cniplumb"
+)
+
+// This file is ipMasq in the reference's nftables layout (see masquerade.go), with the
+// same bytecode the nft tool generates for the reference's rule text, on the nftables
+// engine (nft_layout.go).
+
+// The reference's nftables objects.
+const (
+	masqNFTTableName = "cni_plugins_masquerade"
+	masqNFTChecks    = "masq_checks"
+	masqNFTPost      = "postrouting"
+)
+
+func masqNFTTable() *nftables.Table {
+	return &nftables.Table{Name: masqNFTTableName, Family: nftables.TableFamilyINet}
+}
+
+// masqNFTChains returns the regular chain masq_checks and the base chain postrouting
+// (nat, hook postrouting, priority srcnat = 100, policy accept).
+func masqNFTChains(t *nftables.Table) (checks, post *nftables.Chain) {
+	accept := nftables.ChainPolicyAccept
+	return &nftables.Chain{Name: masqNFTChecks, Table: t},
+		&nftables.Chain{Name: masqNFTPost, Table: t, Type: nftables.ChainTypeNAT,
+			Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept}
+}
+
+// nfproto matches the packet's family (the dependency nft adds before "ip"/"ip6"
+// matches in an inet table).
+func nfproto(f Family) []expr.Any {
+	p := byte(unix.NFPROTO_IPV4)
+	if f == IPv6 {
+		p = unix.NFPROTO_IPV6
+	}
+	return []expr.Any{&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{p}}}
+}
+
+// addrField returns the network-header offset and length of the source or destination
+// address of family f.
+func addrField(f Family, dst bool) (off, n uint32) {
+	off, n = 12, 4
+	if f == IPv6 {
+		off, n = 8, 16
+	}
+	if dst {
+		off += n
+	}
+	return off, n
+}
+
+// nftPrefixMatch compares an address field with p as nft compiles "ip daddr <p>": a
+// byte-aligned prefix loads just its bytes; any other loads the whole address and
+// masks it.
+func nftPrefixMatch(dst bool, p netip.Prefix, op expr.CmpOp) []expr.Any {
+	f := FamilyOf(p.Addr())
+	off, n := addrField(f, dst)
+	p = p.Masked()
+	full := addrBytes(p.Addr())
+	bits := p.Bits()
+	if bits > 0 && bits%8 == 0 {
+		k := uint32(bits / 8)
+		return []expr.Any{
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: k},
+			&expr.Cmp{Op: op, Register: 1, Data: full[:k]},
+		}
+	}
+	return []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: n, Mask: net.CIDRMask(bits, int(n*8)), Xor: make([]byte, n)},
+		&expr.Cmp{Op: op, Register: 1, Data: full},
+	}
+}
+
+// masqNFTPostRules are postrouting's three rules: multicast returns (in both
+// families), everything else goes to masq_checks.
+func masqNFTPostRules(t *nftables.Table, post *nftables.Chain) []*nftables.Rule {
+	var out []*nftables.Rule
+	for _, f := range []Family{IPv4, IPv6} {
+		e := append(nfproto(f), nftPrefixMatch(true, multicastOf(f), expr.CmpOpEq)...)
+		e = append(e, &expr.Verdict{Kind: expr.VerdictReturn})
+		out = append(out, &nftables.Rule{Table: t, Chain: post, Exprs: e})
+	}
+	return append(out, &nftables.Rule{Table: t, Chain: post, Exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictGoto, Chain: masqNFTChecks}}})
+}
+
+// masqNFTRuleExprs is "ip saddr <a> ip daddr != <subnet of a> masquerade" (ip6 for
+// IPv6 addresses).
+func masqNFTRuleExprs(a netip.Prefix) []expr.Any {
+	e := nfproto(FamilyOf(a.Addr()))
+	e = append(e, nftPrefixMatch(false, hostPrefix(a.Addr()), expr.CmpOpEq)...)
+	e = append(e, nftPrefixMatch(true, a.Masked(), expr.CmpOpNeq)...)
+	return append(e, &expr.Masq{})
+}
+
+// masqNFTRules are o's masq_checks rules for p, in p's address order.
+func masqNFTRules(t *nftables.Table, checks *nftables.Chain, p MasqPlan) []*nftables.Rule {
+	ud := userdata.AppendString(nil, userdata.TypeComment, masqNFTComment(p.Owner))
+	var out []*nftables.Rule
+	for _, a := range p.Addrs {
+		out = append(out, &nftables.Rule{Table: t, Chain: checks, Exprs: masqNFTRuleExprs(a), UserData: ud})
+	}
+	return out
+}
+
+// ruleComment returns a rule's comment ("" when it has none).
+func ruleComment(r *nftables.Rule) string {
+	s, _ := userdata.GetString(r.UserData, userdata.TypeComment)
+	return s
+}
+
+// masqLayout is the reference's table: masq_checks holds one rule per pod address,
+// commented with the owner's instance hash first; postrouting's three rules are shared.
+func masqLayout() *nftLayout {
+	t := masqNFTTable()
+	checks, post := masqNFTChains(t)
+	return &nftLayout{
+		table:  t,
+		chains: []*nftables.Chain{checks, post},
+		fixed:  map[string][]*nftables.Rule{masqNFTPost: masqNFTPostRules(t, post)},
+		key:    masqInstance,
+		netKey: masqNetHash,
+		// Rules are matched on the hashes at the start of their comment, so a comment
+		// the reference cut at 128 bytes is still exact.
+		ruleKey: func(r *nftables.Rule) (string, string, bool) {
+			c := ruleComment(r)
+			if len(c) < masqInstanceLen || c[16] != '-' {
+				return "", "", false
+			}
+			return c[:masqInstanceLen], c[:16], true
+		},
+	}
+}
+
+// MasqNFTables is the nftables MasqBackend: the reference's table inet
+// cni_plugins_masquerade (see masquerade.go), through netlink only. The table and its
+// two chains are created when missing, without the comments the reference gives them
+// (google/nftables cannot write object comments); the reference does not care.
+// podwire deletes the table with its last masquerade rule, so a node without pods
+// carries nothing; the reference leaves it in place.
+type MasqNFTables struct {
+	s *nftSocket
+}
+
+var _ MasqBackend = (*MasqNFTables)(nil)
+
+// Close releases the netlink socket.
+func (b *MasqNFTables) Close() error { return b.s.Close() }
+
+// Apply implements MasqBackend: a repeated ADD replaces the owner's rules.
+func (b *MasqNFTables) Apply(_ context.Context, p MasqPlan) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	l := masqLayout()
+	return l.apply(b.s, p.Owner, masqNFTRules(l.table, l.chains[0], p))
+}
+
+// Check implements MasqBackend.
+func (b *MasqNFTables) Check(_ context.Context, p MasqPlan) error {
+	l := masqLayout()
+	return l.check(b.s, p.Owner, masqNFTRules(l.table, l.chains[0], p))
+}
+
+// Remove implements MasqBackend; addrs do not matter here (rules carry the interface
+// name in their comment hash).
+func (b *MasqNFTables) Remove(_ context.Context, o Owner, _ []netip.Prefix) error {
+	l := masqLayout()
+	return l.remove(b.s, l.ownerPick(o))
+}
+
+// GC implements MasqBackend.
+func (b *MasqNFTables) GC(_ context.Context, network string, keep cniplumb.Owners) error {
+	l := masqLayout()
+	return l.remove(b.s, l.stalePick(network, keep))
+}
+
+// xtablesChainExists reports whether iptables-nft has chain in its nat table of fam
+// (table ip nat or ip6 nat): one netlink request, no exec.
+func (b *MasqNFTables) xtablesChainExists(fam Family, chain string) (bool, error) {
+	c, done, err := b.s.conn()
+	if err != nil {
+		return false, err
+	}
+	defer done()
+	tf := nftables.TableFamilyIPv4
+	if fam == IPv6 {
+		tf = nftables.TableFamilyIPv6
+	}
+	_, err = c.ListChain(&nftables.Table{Name: "nat", Family: tf}, chain)
+	if err == nil || isNoEnt(err) {
+		return err == nil, nil
+	}
+	return false, fmt.Errorf("looking up chain %s in the %s nat table of iptables-nft: %w", chain, fam, err)
+}

@@ -1,0 +1,332 @@
+package netfilter
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"golang.org/x/sys/unix"
+
+	"github.com/podwire/podwire/pkg/cniplumb"
+)
+
+// This file is the one nftables engine every nftables layout runs on (podwire's own
+// tables for host ports and macspoofchk, the reference's masquerade table): an
+// attachment's rules are the rules of the layout's chains whose comment names the
+// attachment. Every operation is one dump of those chains and at most one atomic
+// batch.
+
+// NFTConn is the part of a google/nftables connection the nftables layouts use: the
+// seam between them and the kernel. *nftables.Conn is the real one; tests use the
+// in-memory kernel of package fake.
+type NFTConn interface {
+	ListTableOfFamily(name string, fam nftables.TableFamily) (*nftables.Table, error)
+	ListChain(t *nftables.Table, name string) (*nftables.Chain, error)
+	GetRules(t *nftables.Table, c *nftables.Chain) ([]*nftables.Rule, error)
+	AddTable(t *nftables.Table) *nftables.Table
+	AddChain(c *nftables.Chain) *nftables.Chain
+	FlushChain(c *nftables.Chain)
+	AddRule(r *nftables.Rule) *nftables.Rule
+	DelRule(r *nftables.Rule) error
+	DelTable(t *nftables.Table)
+	// Flush sends the batch built since the last Flush; the kernel applies all of it
+	// or nothing.
+	Flush() error
+}
+
+// nftSocket holds one nf_tables connection across calls, bound to the network
+// namespace of its first call, and the lock that serializes podwire's own
+// read-modify-write cycles per table. Keeping the socket matters for speed: the
+// kernel frees deleted rules after an RCU grace period, and releasing an nf_tables
+// socket waits for that; a plugin that goes on with other work after removing rules
+// lets the grace period pass meanwhile and closes the socket at exit.
+type nftSocket struct {
+	mu    sync.Mutex
+	c     NFTConn
+	dial  func() (NFTConn, error)
+	close func() error
+	lock  func(name string) (func(), error)
+}
+
+// nftSocketOn is a socket on c (a fake kernel in tests), without lock files.
+func nftSocketOn(c NFTConn) *nftSocket {
+	return &nftSocket{dial: func() (NFTConn, error) { return c, nil }, lock: noLock}
+}
+
+// noLock is the lock of backends on a fake kernel, which serializes calls itself.
+func noLock(string) (func(), error) { return func() {}, nil }
+
+// Close releases the netlink socket; the socket is opened again on next use.
+func (s *nftSocket) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.c == nil || s.close == nil {
+		return nil
+	}
+	err := s.close()
+	s.c = nil
+	return err
+}
+
+// conn returns the open connection, opening it on first use; done releases it.
+func (s *nftSocket) conn() (c NFTConn, done func(), err error) {
+	s.mu.Lock()
+	if s.c == nil {
+		if s.c, err = s.dial(); err != nil {
+			s.mu.Unlock()
+			return nil, nil, fmt.Errorf("opening nf_tables netlink socket: %w", err)
+		}
+	}
+	return s.c, s.mu.Unlock, nil
+}
+
+// locked runs fn on the connection holding the lock of l's table.
+func (s *nftSocket) locked(l *nftLayout, fn func(c NFTConn) error) error {
+	unlock, err := s.lock("nftables-" + l.table.Name)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	c, done, err := s.conn()
+	if err != nil {
+		return err
+	}
+	defer done()
+	return fn(c)
+}
+
+// nftLayout is where a layout keeps attachments' rules and how it names their owners.
+type nftLayout struct {
+	table  *nftables.Table
+	chains []*nftables.Chain // created when missing (base chains with their hook)
+	// fixed are the rules a chain holds for everyone (not an attachment's), put back
+	// when missing.
+	fixed map[string][]*nftables.Rule
+	// key is an owner's identity and ruleKey reads it, with the network's, from a
+	// rule; ok is false for rules of no attachment.
+	key     func(o Owner) string
+	netKey  func(network string) string
+	ruleKey func(r *nftables.Rule) (key, net string, ok bool)
+}
+
+// nftState is a dump of a layout's chains.
+type nftState struct {
+	exists map[string]bool
+	rules  []*nftables.Rule // of every chain
+}
+
+func (l *nftLayout) what() string {
+	return fmt.Sprintf("nftables table %s %s", NFTFamily(l.table.Family), l.table.Name)
+}
+
+// read dumps l's chains; a missing table or chain reads as empty and absent.
+func (l *nftLayout) read(c NFTConn) (nftState, error) {
+	st := nftState{exists: map[string]bool{}}
+	for _, ch := range l.chains {
+		// A dump of a missing table or chain is empty, not an error; only an empty
+		// dump needs the (cheap) question whether the chain exists.
+		rules, err := c.GetRules(l.table, ch)
+		if err != nil && !isNoEnt(err) {
+			return st, fmt.Errorf("listing chain %s of %s: %w", ch.Name, l.what(), err)
+		}
+		if len(rules) == 0 {
+			if _, err := c.ListChain(l.table, ch.Name); isNoEnt(err) {
+				continue
+			} else if err != nil {
+				return st, fmt.Errorf("looking up chain %s of %s: %w", ch.Name, l.what(), err)
+			}
+		}
+		st.exists[ch.Name] = true
+		st.rules = append(st.rules, rules...)
+	}
+	return st, nil
+}
+
+// owned returns the rules of st that pick selects by their owner key.
+func (l *nftLayout) owned(st nftState, pick func(key, net string) bool) []*nftables.Rule {
+	var out []*nftables.Rule
+	for _, r := range st.rules {
+		if k, n, ok := l.ruleKey(r); ok && pick(k, n) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func (l *nftLayout) ownerPick(o Owner) func(key, net string) bool {
+	k := l.key(o)
+	return func(key, _ string) bool { return key == k }
+}
+
+// stalePick selects the rules of network's attachments that keep does not hold.
+func (l *nftLayout) stalePick(network string, keep cniplumb.Owners) func(key, net string) bool {
+	kept := map[string]bool{}
+	for o := range keep {
+		if o.Network == network {
+			kept[l.key(o)] = true
+		}
+	}
+	nk := l.netKey(network)
+	return func(key, net string) bool { return net == nk && !kept[key] }
+}
+
+// fixedMissing reports whether chain lacks its fixed rules.
+func (l *nftLayout) fixedMissing(st nftState, chain string) bool {
+	have := map[string]int{}
+	for _, r := range st.rules {
+		if _, _, ok := l.ruleKey(r); !ok && r.Chain.Name == chain {
+			have[describeExprs(r.Exprs)]++
+		}
+	}
+	for _, r := range l.fixed[chain] {
+		if have[describeExprs(r.Exprs)] == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// apply replaces o's rules with add, creating what is missing of the layout. Existing
+// base chains are left alone: adding one again is an update that makes the kernel
+// wait for an RCU grace period, more than the rest of the batch costs.
+func (l *nftLayout) apply(s *nftSocket, o Owner, add []*nftables.Rule) error {
+	return s.locked(l, func(c NFTConn) error {
+		st, err := l.read(c)
+		if err != nil {
+			return err
+		}
+		for _, ch := range l.chains {
+			if !st.exists[ch.Name] {
+				c.AddTable(l.table)
+				c.AddChain(ch)
+			}
+			if len(l.fixed[ch.Name]) > 0 && (!st.exists[ch.Name] || l.fixedMissing(st, ch.Name)) {
+				c.FlushChain(ch)
+				for _, r := range l.fixed[ch.Name] {
+					c.AddRule(r)
+				}
+			}
+		}
+		for _, r := range l.owned(st, l.ownerPick(o)) {
+			if err := c.DelRule(r); err != nil {
+				return fmt.Errorf("deleting an old rule of %s: %w", o, err)
+			}
+		}
+		for _, r := range add {
+			c.AddRule(r)
+		}
+		if err := c.Flush(); err != nil {
+			return fmt.Errorf("installing the rules of %s in %s: %w", o, l.what(), err)
+		}
+		return nil
+	})
+}
+
+// remove deletes the rules pick selects, in one batch. When no attachment's rule is
+// left and the table holds nothing but the layout's chains and fixed rules, the
+// table goes with them, so a node without pods carries nothing.
+func (l *nftLayout) remove(s *nftSocket, pick func(key, net string) bool) error {
+	return s.locked(l, func(c NFTConn) error {
+		st, err := l.read(c)
+		if err != nil {
+			return err
+		}
+		gone := l.owned(st, pick)
+		if len(gone) == 0 {
+			return nil
+		}
+		if l.onlyThese(c, st, len(gone)) {
+			// Under the lock no podwire process adds to the table meanwhile. Another
+			// program could (the reference plugin takes no lock of ours): its rule would
+			// go with the table if it landed between the dump and this batch.
+			c.DelTable(l.table)
+		} else {
+			for _, r := range gone {
+				if err := c.DelRule(r); err != nil {
+					return err
+				}
+			}
+		}
+		if err := c.Flush(); err != nil {
+			return fmt.Errorf("removing rules from %s: %w", l.what(), err)
+		}
+		return nil
+	})
+}
+
+// onlyThese reports whether the table would hold nothing of anyone's once the gone
+// rules are deleted: no other attachment's rule, no rule but the fixed ones, no
+// chain but the layout's.
+func (l *nftLayout) onlyThese(c NFTConn, st nftState, gone int) bool {
+	owned, fixed := 0, 0
+	for _, r := range st.rules {
+		if _, _, ok := l.ruleKey(r); ok {
+			owned++
+		}
+	}
+	for _, rs := range l.fixed {
+		fixed += len(rs)
+	}
+	if owned != gone || len(st.rules)-owned > fixed {
+		return false
+	}
+	t, err := c.ListTableOfFamily(l.table.Name, l.table.Family)
+	if err != nil {
+		return false
+	}
+	// google/nftables v0.3.0 decodes NFTA_TABLE_USE in host byte order instead of
+	// network order; either reading is accepted, so a fixed library keeps working.
+	n := uint32(len(l.chains))
+	return t.Use == n || binaryutil.BigEndian.Uint32(binaryutil.NativeEndian.PutUint32(t.Use)) == n
+}
+
+// check compares o's rules with want, by what they do (DescribeRule's text without
+// the comment), and the layout's fixed rules: none of o's is IsNotFound.
+func (l *nftLayout) check(s *nftSocket, o Owner, want []*nftables.Rule) error {
+	c, done, err := s.conn()
+	if err != nil {
+		return err
+	}
+	defer done()
+	st, err := l.read(c)
+	if err != nil {
+		return err
+	}
+	// Rules are compared by chain and what they do (prerouting and output hold the
+	// same rules for different traffic).
+	text := func(r *nftables.Rule) string { return r.Chain.Name + ": " + describeExprs(r.Exprs) }
+	have := map[string]int{}
+	mine := l.owned(st, l.ownerPick(o))
+	for _, r := range mine {
+		have[text(r)]++
+	}
+	if len(mine) == 0 {
+		return notFound("%s holds no rule of %s", l.what(), o)
+	}
+	for _, r := range want {
+		d := text(r)
+		if have[d] == 0 {
+			return fmt.Errorf("%s lacks the rule %q of %s; run DEL and ADD again", l.what(), d, o)
+		}
+		have[d]--
+	}
+	for d, n := range have {
+		if n > 0 {
+			return fmt.Errorf("%s holds a rule of %s its configuration does not ask for (%q); run DEL and ADD again", l.what(), o, d)
+		}
+	}
+	for ch := range l.fixed {
+		if l.fixedMissing(st, ch) {
+			return fmt.Errorf("chain %s of %s lacks its shared rules; run DEL and ADD again", ch, l.what())
+		}
+	}
+	return nil
+}
+
+// isNoEnt recognizes ENOENT from google/nftables, which does not always wrap the errno.
+func isNoEnt(err error) bool {
+	return err != nil && (errors.Is(err, unix.ENOENT) || strings.Contains(err.Error(), "no such file or directory"))
+}

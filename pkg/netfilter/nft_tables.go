@@ -1,0 +1,109 @@
+package netfilter
+
+import (
+	"context"
+
+	"github.com/google/nftables"
+
+	"github.com/podwire/podwire/pkg/cniplumb"
+)
+
+// NFTables is the backend of podwire's own nftables tables: each Feature lives in a
+// table podwire_<feature> with one base chain per hook, and every rule carries its
+// owner's Tag as comment. The table is created with the first rule and deleted with
+// the last. Netlink only, no exec.
+type NFTables struct {
+	s *nftSocket
+}
+
+// NewNFTablesOn returns the backend on the connection c (a fake kernel in tests),
+// without podwire's lock files.
+func NewNFTablesOn(c NFTConn) *NFTables { return &NFTables{s: nftSocketOn(c)} }
+
+// Close releases the netlink socket; the backend may be used again afterwards.
+func (b *NFTables) Close() error { return b.s.Close() }
+
+// featureLayout is f's table: a base chain per hook, owners named by their tags.
+func featureLayout(f Feature) (*nftLayout, error) {
+	t := nftTable(f)
+	l := &nftLayout{
+		table:  t,
+		key:    func(o Owner) string { return string(IDOf(o)) },
+		netKey: hash8,
+		ruleKey: func(r *nftables.Rule) (string, string, bool) {
+			tag, ok := decodeTag(r.UserData)
+			return string(tag.ID), tag.NetworkHash, ok
+		},
+	}
+	for _, h := range f.Hooks {
+		ch, err := nftChain(t, h)
+		if err != nil {
+			return nil, err
+		}
+		l.chains = append(l.chains, ch)
+	}
+	return l, nil
+}
+
+// render validates p and turns it into f's table's rules, each tagged.
+func (p Plan) render() (*nftLayout, []*nftables.Rule, error) {
+	if err := p.Validate(); err != nil {
+		return nil, nil, err
+	}
+	l, err := featureLayout(p.Feature)
+	if err != nil {
+		return nil, nil, err
+	}
+	chains := map[string]*nftables.Chain{}
+	for _, ch := range l.chains {
+		chains[ch.Name] = ch
+	}
+	var out []*nftables.Rule
+	for _, r := range p.Rules {
+		ex, err := nftExprs(p.Feature, r)
+		if err != nil {
+			return nil, nil, err
+		}
+		out = append(out, &nftables.Rule{Table: l.table, Chain: chains[r.Hook.Name], Exprs: ex, UserData: encodeTag(tagFor(p.Owner, r))})
+	}
+	return l, out, nil
+}
+
+// Apply installs p, replacing whatever p.Owner had in p.Feature. An invalid plan
+// fails before anything changes.
+func (b *NFTables) Apply(_ context.Context, p Plan) error {
+	l, rules, err := p.render()
+	if err != nil {
+		return err
+	}
+	return l.apply(b.s, p.Owner, rules)
+}
+
+// Check reports an error when the owner's rules differ from p (missing, extra or
+// changed); IsNotFound tells the missing case.
+func (b *NFTables) Check(_ context.Context, p Plan) error {
+	l, rules, err := p.render()
+	if err != nil {
+		return err
+	}
+	return l.check(b.s, p.Owner, rules)
+}
+
+// Remove deletes every rule of o in f; nothing to remove is success.
+func (b *NFTables) Remove(_ context.Context, f Feature, o Owner) error {
+	l, err := featureLayout(f)
+	if err != nil {
+		return err
+	}
+	return l.remove(b.s, l.ownerPick(o))
+}
+
+// GC removes, in one batch, the rules in f of every attachment of network that keep
+// does not hold.
+func (b *NFTables) GC(_ context.Context, f Feature, network string, keep cniplumb.Owners) error {
+	l, err := featureLayout(f)
+	if err != nil {
+		return err
+	}
+	return l.remove(b.s, l.stalePick(network, keep))
+}

@@ -1,0 +1,275 @@
+package netfilter
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+)
+
+// This file is the seam between podwire's iptables layouts and the iptables tools:
+// the xtables interface (what the layouts may ask of iptables), iptables-restore
+// scripts, and the parsing of `iptables -S <chain>` listings. It is pure; the exec
+// side is xtables_linux.go, the in-memory one Fake (fake.go).
+
+// XTables is everything the iptables layouts do with iptables: the seam between them
+// and the iptables tools (the installed binaries, or a fake kernel in tests). Layouts
+// list only chains they own or the built-in chains they hang off, never a whole table,
+// so their cost stays flat however many rules other programs keep.
+type XTables interface {
+	// Installed reports whether fam's iptables and iptables-restore are there.
+	Installed(fam Family) bool
+	// List returns the lines of `iptables -t table -S chain`; exists is false (and err
+	// nil) when the chain does not exist.
+	List(ctx context.Context, fam Family, table, chain string) (lines []string, exists bool, err error)
+	// Has is `iptables -t table -C chain rule...`: whether that exact rule exists.
+	Has(ctx context.Context, fam Family, table, chain string, rule []string) (bool, error)
+	// Restore runs script through `iptables-restore --noflush`: all of it or nothing.
+	Restore(ctx context.Context, fam Family, script string) error
+}
+
+// listXT lists one chain and parses its rules.
+func listXT(ctx context.Context, xt XTables, fam Family, table, chain string) ([]xtRule, bool, error) {
+	lines, exists, err := xt.List(ctx, fam, table, chain)
+	return parseXTRules(lines), exists, err
+}
+
+// maxChainName is iptables' limit on chain names (XT_EXTENSION_MAXNAMELEN - 1).
+const maxChainName = 28
+
+// maxXTComment is the longest comment the comment match takes (XT_MAX_COMMENT_LEN-1).
+const maxXTComment = 255
+
+// xtRule is one "-A" line of a listing, with the parts the layouts read.
+type xtRule struct {
+	line    string   // as listed
+	args    []string // line split as iptables-restore splits it
+	chain   string
+	src     netip.Prefix // -s (not negated); invalid when absent
+	target  string       // -j
+	comment string
+	tag     Tag  // podwire's tag, when ours
+	ours    bool // the comment is a podwire tag
+}
+
+// parseXTRule parses one listed "-A" line.
+func parseXTRule(line string) xtRule {
+	r := xtRule{line: line, args: xtTokens(line)}
+	if len(r.args) > 1 {
+		r.chain = r.args[1]
+	}
+	for i := 2; i+1 < len(r.args); i++ {
+		switch v := r.args[i+1]; r.args[i] {
+		case "-s":
+			if r.args[i-1] != "!" {
+				if p, err := netip.ParsePrefix(v); err == nil {
+					r.src = p
+				} else if a, err := netip.ParseAddr(v); err == nil {
+					r.src = hostPrefix(a)
+				}
+			}
+		case "-j":
+			r.target = v
+		case "--comment":
+			r.comment = v
+		}
+	}
+	r.tag, r.ours = ParseTag(r.comment)
+	return r
+}
+
+// parseXTRules parses the "-A" lines of `iptables -S` output.
+func parseXTRules(lines []string) []xtRule {
+	var out []xtRule
+	for _, line := range lines {
+		if line = strings.TrimSpace(line); strings.HasPrefix(line, "-A ") {
+			out = append(out, parseXTRule(line))
+		}
+	}
+	return out
+}
+
+// deleteLine turns a listed rule into the restore line that deletes it.
+func (r xtRule) deleteLine() string { return "-D" + strings.TrimPrefix(r.line, "-A") }
+
+// xtTokens splits an iptables rule line into arguments as iptables-restore does:
+// spaces separate, double quotes group, a backslash escapes the next character.
+func xtTokens(line string) []string {
+	var out []string
+	var cur strings.Builder
+	inQ, have, esc := false, false, false
+	for _, r := range line {
+		switch {
+		case esc:
+			cur.WriteRune(r)
+			esc = false
+		case r == '\\':
+			esc, have = true, true
+		case r == '"':
+			inQ, have = !inQ, true
+		case r == ' ' && !inQ:
+			if have {
+				out = append(out, cur.String())
+				cur.Reset()
+				have = false
+			}
+		default:
+			cur.WriteRune(r)
+			have = true
+		}
+	}
+	if have {
+		out = append(out, cur.String())
+	}
+	return out
+}
+
+// xtQuote quotes s for an iptables-restore line the way `iptables -S` prints
+// comments: in double quotes, with `"` and `\` escaped. Whatever s holds, it stays one
+// argument: no input can end the comment and add matches or a target.
+func xtQuote(s string) string {
+	var b strings.Builder
+	b.Grow(len(s) + 2)
+	b.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		if s[i] == '"' || s[i] == '\\' {
+			b.WriteByte('\\')
+		}
+		b.WriteByte(s[i])
+	}
+	b.WriteByte('"')
+	return b.String()
+}
+
+// SplitRuleArgs splits an iptables rule line into arguments as iptables-restore does.
+func SplitRuleArgs(line string) []string { return xtTokens(line) }
+
+// FormatRuleArgs prints rule arguments as `iptables -S` does: comments (and anything
+// with a space, quote or backslash) quoted.
+func FormatRuleArgs(args []string) string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		if (i > 0 && args[i-1] == "--comment") || strings.ContainsAny(a, " \"\\") {
+			a = xtQuote(a)
+		}
+		out[i] = a
+	}
+	return strings.Join(out, " ")
+}
+
+// sameArgs compares two rule lines by their arguments, so quoting does not matter.
+func sameArgs(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// containsRule reports whether have holds the rule line want.
+func containsRule(have []xtRule, want string) bool {
+	w := xtTokens(want)
+	for _, r := range have {
+		if sameArgs(r.args, w) {
+			return true
+		}
+	}
+	return false
+}
+
+// restoreScript accumulates the lines of one table for `iptables-restore --noflush`.
+type restoreScript struct {
+	table string
+	lines []string
+}
+
+func (s *restoreScript) add(lines ...string) { s.lines = append(s.lines, lines...) }
+
+func (s *restoreScript) empty() bool { return len(s.lines) == 0 }
+
+func (s *restoreScript) String() string {
+	return "*" + s.table + "\n" + strings.Join(s.lines, "\n") + "\nCOMMIT\n"
+}
+
+func prefixArg(p netip.Prefix) string { return p.Masked().String() }
+
+// ruleArgs renders r with comment as iptables rule arguments, in the order
+// `iptables -S` prints them.
+func ruleArgs(r Rule, comment string) (string, error) {
+	if r.Family != IPv4 && r.Family != IPv6 {
+		return "", fmt.Errorf("rule %q: iptables rules need an IP family", r)
+	}
+	var a []string
+	m := r.Match
+	neg := func(n bool) {
+		if n {
+			a = append(a, "!")
+		}
+	}
+	if m.Src.IsValid() {
+		neg(m.NotSrc)
+		a = append(a, "-s", prefixArg(m.Src))
+	}
+	if m.Dst.IsValid() {
+		neg(m.NotDst)
+		a = append(a, "-d", prefixArg(m.Dst))
+	}
+	if m.InIface != "" {
+		a = append(a, "-i", m.InIface)
+	}
+	if m.Proto != "" {
+		a = append(a, "-p", string(m.Proto))
+	}
+	if m.DstPort != 0 {
+		a = append(a, "-m", string(m.Proto), "--dport", strconv.Itoa(int(m.DstPort)))
+	}
+	if m.DstLocal {
+		a = append(a, "-m", "addrtype", "--dst-type", "LOCAL")
+	}
+	if m.Mark != 0 {
+		a = append(a, "-m", "mark", "--mark", fmt.Sprintf("%#x/%#x", m.Mark, m.Mark))
+	}
+	if comment != "" {
+		a = append(a, "-m", "comment", "--comment", xtQuote(comment))
+	}
+	switch act := r.Action; act.Kind {
+	case Accept:
+		a = append(a, "-j", "ACCEPT")
+	case Masquerade:
+		a = append(a, "-j", "MASQUERADE")
+	case DNAT:
+		to := act.Addr.String()
+		if act.Port != 0 {
+			to = netip.AddrPortFrom(act.Addr, act.Port).String()
+		}
+		a = append(a, "-j", "DNAT", "--to-destination", to)
+	case SetMark:
+		a = append(a, "-j", "MARK", "--set-xmark", fmt.Sprintf("%#x/%#x", act.Mark, act.Mark))
+	case Jump:
+		a = append(a, "-j", act.Chain)
+	default:
+		return "", fmt.Errorf("rule %q: no iptables target for action %d", r, act.Kind)
+	}
+	return strings.Join(a, " "), nil
+}
+
+// validChainName reports whether s can be written into an iptables-restore line as a
+// chain name without changing the line's meaning.
+func validChainName(s string) bool {
+	if s == "" || len(s) > maxChainName || s[0] == '-' || s[0] == '!' {
+		return false
+	}
+	for _, c := range s {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '_', c == '-', c == '.':
+		default:
+			return false
+		}
+	}
+	return true
+}
