@@ -261,6 +261,71 @@ last.1 fd00::4`, dumpStore(t, st, 2)); d != "" {
 	})
 }
 
+// TestRepeatedAddOfLegacyLease: an attachment whose address in one range set is a
+// legacy lease (container ID only, from a reference host-local before v0.8) gets the
+// other set completed by its first ADD; a repeated ADD must return the same two
+// addresses and allocate nothing, and the legacy lease is now the attachment's (so
+// its DEL releases both, and another interface of the container does not get it).
+func TestRepeatedAddOfLegacyLease(t *testing.T) {
+	eachStore(t, func(t *testing.T, st testStore) {
+		v4 := mustConf(t, `{"ranges":[[{"subnet":"10.0.0.0/24"}]]}`)
+		dual := mustConf(t, `{"ranges":[[{"subnet":"10.0.0.0/24"}],[{"subnet":"fd00::/64"}]]}`)
+		if _, err := ipam.Allocate(context.Background(), st, v4, ipam.Owner{ContainerID: "a"}); err != nil {
+			t.Fatal(err)
+		}
+		first := add(t, st, dual, own("a"))
+		if first != "10.0.0.2/24 gw 10.0.0.1, fd00::2/64 gw fd00::1" {
+			t.Errorf("ADD completing a legacy lease got %s", first)
+		}
+		if again := add(t, st, dual, own("a")); again != first {
+			t.Errorf("repeated ADD got %s, the first %s", again, first)
+		}
+		if d := cmp.Diff("10.0.0.2 a/eth0\nfd00::2 a/eth0\nlast.0 10.0.0.2\nlast.1 fd00::2", dumpStore(t, st, 2)); d != "" {
+			t.Errorf("store after the repeated ADD (-want +got):\n%s", d)
+		}
+		if eth1 := add(t, st, dual, ipam.Owner{ContainerID: "a", IfName: "eth1"}); eth1 != "10.0.0.3/24 gw 10.0.0.1, fd00::3/64 gw fd00::1" {
+			t.Errorf("another interface of the container got %s", eth1)
+		}
+		del(t, st, own("a"))
+		if d := cmp.Diff("10.0.0.3 a/eth1\nfd00::3 a/eth1\nlast.0 10.0.0.3\nlast.1 fd00::3", dumpStore(t, st, 2)); d != "" {
+			t.Errorf("store after DEL (-want +got):\n%s", d)
+		}
+	})
+}
+
+// TestRepeatedAddFailureKeepsLease: a repeated ADD that fails (the requested address
+// differs from the one held, a range set with no free address, a write error) leaves
+// the leases the attachment already held exactly as they were.
+func TestRepeatedAddFailureKeepsLease(t *testing.T) {
+	full := `{"ranges":[[{"subnet":"10.0.0.0/24"}],[{"subnet":"fd00::/64","rangeStart":"fd00::9","rangeEnd":"fd00::9"}]]}`
+	for _, tc := range []struct {
+		name  string
+		again *ipam.Conf
+		fail  string // armed Fake failure
+	}{
+		{name: "another requested address", again: mustConf(t, `{"ranges":[[{"subnet":"10.0.0.0/24"}]]}`, `"args":{"cni":{"ips":["10.0.0.9"]}}`)},
+		{name: "exhausted set to complete", again: mustConf(t, full)},
+		{name: "write error completing a set", again: mustConf(t, `{"ranges":[[{"subnet":"10.0.0.0/24"}],[{"subnet":"fd00::/64"}]]}`), fail: "write"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := ipam.NewFake()
+			v4 := mustConf(t, `{"ranges":[[{"subnet":"10.0.0.0/24"}]]}`)
+			add(t, f, v4, own("a"))
+			add(t, f, mustConf(t, full), own("b")) // takes fd00::9
+			before := f.Dump()
+			if tc.fail != "" {
+				f.FailNext(tc.fail)
+			}
+			if _, err := ipam.Allocate(context.Background(), f, tc.again, own("a")); err == nil {
+				t.Fatal("repeated ADD succeeded")
+			}
+			if d := cmp.Diff(before, f.Dump()); d != "" {
+				t.Errorf("a failed repeated ADD changed the store (-before +after):\n%s", d)
+			}
+		})
+	}
+}
+
 func TestDualStack(t *testing.T) {
 	eachStore(t, func(t *testing.T, st testStore) {
 		c := mustConf(t, `{"ranges":[[{"subnet":"10.1.0.0/16","gateway":"10.1.255.254"}],[{"subnet":"fd00:1::/64","rangeStart":"fd00:1::100"}]]}`)

@@ -141,6 +141,15 @@ func (t fakeTx) Renew(o Owner) error {
 	return nil
 }
 
+func (t fakeTx) Adopt(ip net.IP, from, to Owner) error {
+	k := canonical(ip).String()
+	if l, ok := t.f.leases[k]; ok && !l.broken && l.owner == from {
+		l.owner = to
+		t.f.leases[k] = l
+	}
+	return nil
+}
+
 func (t fakeTx) Holder(ip net.IP) (Lease, bool, error) {
 	l, ok := t.f.leases[canonical(ip).String()]
 	if !ok {

@@ -51,6 +51,9 @@ type Tx interface {
 	// Renew marks o's leases as belonging to the current boot (the attachment was just
 	// confirmed alive by an ADD).
 	Renew(o Owner) error
+	// Adopt makes the lease on ip, held by from, to's, without the address being free
+	// at any moment. It does nothing when ip is no longer from's.
+	Adopt(ip net.IP, from, to Owner) error
 	// Holder returns the lease on ip, and false when ip is free.
 	Holder(ip net.IP) (Lease, bool, error)
 	// Reserve leases ip to o if it is free (a Broken lease counts as free) and records

@@ -132,6 +132,75 @@ func (t *tx) Renew(o ipam.Owner) error {
 	return t.saveRecord(&nr)
 }
 
+// indexAdd records the lease file name (identity id) in o's index entry, and returns
+// how to take that back.
+func (t *tx) indexAdd(o ipam.Owner, name string, id ident) (undo func(), err error) {
+	r, err := t.record(o)
+	if err != nil {
+		return nil, err
+	}
+	nr := record{ContainerID: o.ContainerID, IfName: o.IfName}
+	if r != nil {
+		nr.Leases = append(nr.Leases, r.Leases...)
+	}
+	nr.drop(name)
+	nr.Leases = append(nr.Leases, recLease{IP: name, Ino: id.ino, MtimeNs: id.mtime, Boot: t.s.boot})
+	if err := t.saveRecord(&nr); err != nil {
+		return nil, err
+	}
+	return func() {
+		if r != nil {
+			_ = t.saveRecord(r)
+		} else {
+			_ = t.saveRecord(&record{ContainerID: o.ContainerID, IfName: o.IfName})
+		}
+	}, nil
+}
+
+// indexDrop removes the lease file name from o's index entry.
+func (t *tx) indexDrop(o ipam.Owner, name string) error {
+	r, err := t.record(o)
+	if err != nil || r == nil || r.find(name) < 0 {
+		return err
+	}
+	nr := *r
+	nr.Leases = append([]recLease(nil), r.Leases...)
+	nr.drop(name)
+	return t.saveRecord(&nr)
+}
+
+// Adopt rewrites the lease file on ip from from's to to's: to's content is prepared
+// in the staging file and renamed over the old one, so the address is never free.
+// to's index entry is written before and from's is dropped after, so a crash leaves
+// at worst an entry naming a file that is not its owner's, which verification drops.
+func (t *tx) Adopt(ip net.IP, from, to ipam.Owner) error {
+	name := ip.String()
+	b, _, err := t.readLease(name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if o, ok := parseLease(b); !ok || o != from {
+		return nil
+	}
+	if err := t.prepareTmp(to); err != nil {
+		return err
+	}
+	undo, err := t.indexAdd(to, name, t.tmpID)
+	if err != nil {
+		return err
+	}
+	if err := unix.Rename(filepath.Join(t.s.side, tmpName), t.leasePath(name)); err != nil {
+		undo()
+		return ioError("rewriting lease "+name+" for "+to.String(), err)
+	}
+	t.tmpReady = false
+	t.changedDir = true
+	return t.indexDrop(from, name)
+}
+
 func (t *tx) Holder(ip net.IP) (ipam.Lease, bool, error) {
 	name := ip.String()
 	b, id, err := t.readLease(name)
@@ -188,25 +257,9 @@ func (t *tx) Reserve(o ipam.Owner, ip net.IP, set int) (bool, error) {
 	if err := t.prepareTmp(o); err != nil {
 		return false, err
 	}
-	r, err := t.record(o)
+	undoRecord, err := t.indexAdd(o, name, t.tmpID)
 	if err != nil {
 		return false, err
-	}
-	nr := record{ContainerID: o.ContainerID, IfName: o.IfName}
-	if r != nil {
-		nr.Leases = append(nr.Leases, r.Leases...)
-	}
-	nr.drop(name)
-	nr.Leases = append(nr.Leases, recLease{IP: name, Ino: t.tmpID.ino, MtimeNs: t.tmpID.mtime, Boot: t.s.boot})
-	if err := t.saveRecord(&nr); err != nil {
-		return false, err
-	}
-	undoRecord := func() {
-		if r != nil {
-			_ = t.saveRecord(r)
-		} else {
-			_ = t.saveRecord(&record{ContainerID: o.ContainerID, IfName: o.IfName})
-		}
 	}
 	if err := renameNoReplace(filepath.Join(t.s.side, tmpName), path); err != nil {
 		undoRecord()
@@ -387,17 +440,7 @@ func (t *tx) ReleaseIP(ip net.IP, o ipam.Owner) error {
 	if o == (ipam.Owner{}) {
 		return nil
 	}
-	r, err := t.record(o)
-	if err != nil {
-		return err
-	}
-	if r != nil && r.find(name) >= 0 {
-		nr := *r
-		nr.Leases = append([]recLease(nil), r.Leases...)
-		nr.drop(name)
-		return t.saveRecord(&nr)
-	}
-	return nil
+	return t.indexDrop(o, name)
 }
 
 func (t *tx) All() ([]ipam.Lease, error) {
