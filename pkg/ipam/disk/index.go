@@ -20,8 +20,11 @@ import (
 const (
 	stateName  = "state"
 	ownersName = "owners"
-	tmpName    = "lease.tmp"
-	probeName  = "probe.tmp"
+	// A call's staging file is stagingPrefix + random + stagingSuffix ("lease.tmp",
+	// which older podwire versions used, matches too).
+	stagingPrefix = "lease."
+	stagingSuffix = ".tmp"
+	probeName     = "probe.tmp"
 )
 
 // state is what the index knew about the lease directory at its last commit. When
@@ -138,9 +141,8 @@ func (t *tx) begin() error {
 	} else if err != nil {
 		return ioError("reading the lease index", err)
 	}
-	// A crashed call may have left its temporary lease; it is no lease.
-	if err := unix.Unlink(filepath.Join(s.side, tmpName)); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EROFS) {
-		return ioError("removing a stale temporary lease", err)
+	if err := t.removeStaleStaging(); err != nil {
+		return err
 	}
 	var st state
 	valid := err == nil && json.Unmarshal(b, &st) == nil && st.Version == 1 && st.Boot == s.boot
@@ -393,9 +395,44 @@ func (t *tx) commit() error {
 // abort puts an unplaced temporary lease back among the spares.
 func (t *tx) abort() {
 	if t.tmpReady {
-		_ = t.recycle(filepath.Join(t.s.side, tmpName))
+		_ = t.recycle(t.tmpPath())
 		t.tmpReady = false
 	}
+}
+
+// staleStagingAge is how old another call's staging file must be before a call that
+// does not hold the directory lock (see locked.exclusive) removes it; a live call
+// places its lease within milliseconds.
+const staleStagingAge = time.Minute
+
+// removeStaleStaging removes staging files left by crashed calls: they are no lease.
+// Holding the directory lock, every one is stale; without it, only old ones are.
+func (t *tx) removeStaleStaging() error {
+	dir, err := os.Open(t.s.side)
+	if err != nil {
+		return ioError("listing the lease index "+t.s.side, err)
+	}
+	names, err := dir.Readdirnames(-1)
+	defer dir.Close()
+	if err != nil {
+		return ioError("listing the lease index "+t.s.side, err)
+	}
+	for _, name := range names {
+		if !strings.HasPrefix(name, stagingPrefix) || !strings.HasSuffix(name, stagingSuffix) {
+			continue
+		}
+		if !t.lk.exclusive {
+			var st unix.Stat_t
+			// ctime, not mtime: a spare renamed into place keeps its old mtime.
+			if unix.Fstatat(int(dir.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil || time.Since(time.Unix(0, st.Ctim.Nano())) < staleStagingAge {
+				continue
+			}
+		}
+		if err := unix.Unlinkat(int(dir.Fd()), name, 0); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EROFS) {
+			return ioError("removing a stale temporary lease", err)
+		}
+	}
+	return nil
 }
 
 // record returns o's index entry, read once per transaction; nil when it has none.

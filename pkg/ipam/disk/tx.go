@@ -1,6 +1,8 @@
 package disk
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -27,9 +29,25 @@ type tx struct {
 
 	spares []string // names in .podwire/spare; nil until listed
 
-	tmpReady bool // lease.tmp holds tmpOwner's lease, written, not yet placed
+	lk *locked // the directory and lock file, locked by Do
+
+	// tmp is this call's staging file, .podwire/lease.<random>.tmp ("" until first
+	// needed). It is private to the call: concurrent calls (ours, or an older podwire
+	// whose lock file was removed) never write into each other's.
+	tmp      string
+	tmpReady bool // tmp holds tmpOwner's lease, written, not yet placed
 	tmpOwner ipam.Owner
 	tmpID    ident
+}
+
+// tmpPath is this call's staging file.
+func (t *tx) tmpPath() string {
+	if t.tmp == "" {
+		var b [8]byte
+		_, _ = rand.Read(b[:]) // never fails on Linux (getrandom)
+		t.tmp = stagingPrefix + hex.EncodeToString(b[:]) + stagingSuffix
+	}
+	return filepath.Join(t.s.side, t.tmp)
 }
 
 var _ ipam.Tx = (*tx)(nil)
@@ -192,7 +210,7 @@ func (t *tx) Adopt(ip net.IP, from, to ipam.Owner) error {
 	if err != nil {
 		return err
 	}
-	if err := unix.Rename(filepath.Join(t.s.side, tmpName), t.leasePath(name)); err != nil {
+	if err := unix.Rename(t.tmpPath(), t.leasePath(name)); err != nil {
 		undo()
 		return ioError("rewriting lease "+name+" for "+to.String(), err)
 	}
@@ -239,7 +257,7 @@ func (t *tx) stale(mtimeNs int64) bool {
 }
 
 // Reserve places a lease on ip for o. The lease is first written completely to
-// .podwire/lease.tmp, then renamed to its name with RENAME_NOREPLACE (link(2) where
+// this call's staging file in .podwire, then renamed to its name with RENAME_NOREPLACE (link(2) where
 // that is missing), which fails if the name exists: a crash of the process at any
 // point leaves no lease or a complete one, never an empty file. The lease is not
 // fsync'ed, as the reference's are not: only a power cut or kernel crash can lose its
@@ -261,7 +279,7 @@ func (t *tx) Reserve(o ipam.Owner, ip net.IP, set int) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if err := renameNoReplace(filepath.Join(t.s.side, tmpName), path); err != nil {
+	if err := renameNoReplace(t.tmpPath(), path); err != nil {
 		undoRecord()
 		if errors.Is(err, unix.EEXIST) {
 			return false, nil // someone who does not take the lock got there first
@@ -313,16 +331,15 @@ func (t *tx) probe(name string) (bool, error) {
 	return true, nil
 }
 
-// prepareTmp writes o's lease content to .podwire/lease.tmp (a spare inode if there
-// is one), unless it is already there. On failure (disk full,
+// prepareTmp writes o's lease content to the call's staging file (a spare inode if
+// there is one), unless it is already there. On failure (disk full,
 // read-only) nothing is left behind.
 func (t *tx) prepareTmp(o ipam.Owner) error {
 	if t.tmpReady && t.tmpOwner == o {
 		return nil
 	}
 	t.abort()
-	path := filepath.Join(t.s.side, tmpName)
-	_ = unix.Unlink(path)
+	path := t.tmpPath()
 	flags := os.O_WRONLY | os.O_CREATE | os.O_EXCL
 	if t.takeSpare(path) {
 		flags = os.O_WRONLY | unix.O_NOFOLLOW
