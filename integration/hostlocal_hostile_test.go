@@ -258,3 +258,88 @@ func leaseIPOf(t *testing.T, h *nstest.H, list *libcni.NetworkConfigList, contai
 	t.Fatalf("no lease names %s", containerID)
 	return ""
 }
+
+// TestHostLocalSymlinksInDataDir runs the built host-local through libcni on a lease
+// directory with symlinks planted in it: in place of a pod's lease file (its DEL must
+// succeed and remove the link, not its target), in place of podwire's index directory
+// and of the lock file (dangling). Nothing outside the data dir may be created or
+// changed, and nothing may be left behind but the network's own files.
+func TestHostLocalSymlinksInDataDir(t *testing.T) {
+	h := nstest.New(t)
+	list := hostLocalList(h, "links", `"ranges":[[{"subnet":"10.87.0.0/24"}]]`)
+	dir := filepath.Join(h.DataDir, list.Name)
+	pod := h.NewPod()
+	outside := t.TempDir()
+	victim := filepath.Join(outside, "victim")
+	if err := os.WriteFile(victim, []byte("victim\r\neth0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rt := func(id string) *libcni.RuntimeConf { return h.RT(pod, "eth0", nstest.WithContainerID(id)) }
+
+	// A pod's lease file replaced by a symlink.
+	a := h.MustAdd(list, rt("a")).IPs[0].Address.IP.String()
+	if err := os.Remove(filepath.Join(dir, a)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(victim, filepath.Join(dir, a)); err != nil {
+		t.Fatal(err)
+	}
+	if b := h.MustAdd(list, rt("b")).IPs[0].Address.IP.String(); b == a {
+		t.Errorf("ADD of b got a's address %s, whose lease file is a symlink", a)
+	}
+	if err := h.Del(list, rt("a")); err != nil {
+		code := uint(0)
+		if e, ok := cniErr(err); ok {
+			code = e.Code
+		}
+		t.Errorf("DEL of the pod whose lease file is a symlink: %v (code %d)", err, code)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, a)); !os.IsNotExist(err) {
+		t.Errorf("DEL left the symlink in place of the lease: %v", err)
+	}
+	h.MustDel(list, rt("b"))
+
+	// The index directory and the lock file replaced by symlinks out of the data dir.
+	if err := os.RemoveAll(filepath.Join(dir, ".podwire")); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range [][2]string{{outside, ".podwire"}, {filepath.Join(outside, "created-lock"), "lock"}} {
+		os.Remove(filepath.Join(dir, l[1]))
+		if err := os.Symlink(l[0], filepath.Join(dir, l[1])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := h.MustAdd(list, rt("c"))
+	if err := h.Check(list, rt("c")); err != nil {
+		t.Errorf("CHECK: %v", err)
+	}
+	h.MustAdd(list, rt("d"))
+	h.MustDel(list, rt("c"))
+	if err := h.GC(list, nil); err != nil {
+		t.Errorf("GC: %v", err)
+	}
+	if err := h.Status(list); err != nil {
+		t.Errorf("STATUS: %v", err)
+	}
+	t.Logf("ADD with .podwire and lock symlinked out of the data dir: %s", resultIPs(c))
+
+	ents, _ := os.ReadDir(outside)
+	if len(ents) != 1 || ents[0].Name() != "victim" {
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		t.Errorf("files were created outside the data dir: %v", names)
+	}
+	if b, _ := os.ReadFile(victim); string(b) != "victim\r\neth0" {
+		t.Errorf("the symlink's target was changed to %q", b)
+	}
+	for _, name := range []string{".podwire", "lock"} {
+		if fi, err := os.Lstat(filepath.Join(dir, name)); err != nil || fi.Mode()&os.ModeSymlink != 0 {
+			t.Errorf("%s is still a symlink (%v)", name, err)
+		}
+	}
+	if got := leaseFiles(t, h, list); len(got) != 0 {
+		t.Errorf("leases left after DEL and GC: %v", got)
+	}
+}

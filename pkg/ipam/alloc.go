@@ -161,6 +161,9 @@ func reserveRequested(tx Tx, o Owner, set int, req Request) (net.IP, error) {
 		if err != nil {
 			return nil, err
 		}
+		if found && h.Unreadable {
+			return nil, requestError(req, "%s is blocked: its lease file was replaced by something that is not a lease file (a symlink?), which podwire does not follow; remove it from the lease directory, or request another address", req.IP)
+		}
 		if !found || !h.PrevBoot {
 			holder := "another attachment"
 			if found {
@@ -296,7 +299,9 @@ func setDiff(held, prev map[string]bool) string {
 
 // GC releases every lease whose attachment is not in valid, and every broken lease
 // file. A legacy lease (no interface name) is kept when any valid attachment has its
-// container ID. It keeps going past errors and returns them all.
+// container ID. An Unreadable lease (a symlink in place of the lease file) is
+// released unless the store's records give it to a valid attachment. It keeps going
+// past errors and returns them all.
 func GC(ctx context.Context, st Store, valid []Owner) error {
 	keep := map[Owner]bool{}
 	for _, o := range valid {
@@ -309,8 +314,18 @@ func GC(ctx context.Context, st Store, valid []Owner) error {
 			return err
 		}
 		var errs []error
+		var validIPs map[string]bool // of Unreadable leases; looked up when there are some
 		for _, l := range all {
-			if !l.Broken && keep[l.Owner] {
+			if l.Unreadable {
+				if validIPs == nil {
+					if validIPs, err = unreadableOf(tx, valid); err != nil {
+						return err
+					}
+				}
+				if validIPs[l.IP.String()] {
+					continue
+				}
+			} else if !l.Broken && keep[l.Owner] {
 				continue
 			}
 			if err := tx.ReleaseIP(l.IP, l.Owner); err != nil {
@@ -319,6 +334,23 @@ func GC(ctx context.Context, st Store, valid []Owner) error {
 		}
 		return errors.Join(errs...)
 	})
+}
+
+// unreadableOf returns the addresses of the valid attachments' Unreadable leases.
+func unreadableOf(tx Tx, valid []Owner) (map[string]bool, error) {
+	out := map[string]bool{}
+	for _, o := range valid {
+		ls, err := tx.Leases(o)
+		if err != nil {
+			return nil, err
+		}
+		for _, l := range ls {
+			if l.Unreadable {
+				out[l.IP.String()] = true
+			}
+		}
+	}
+	return out, nil
 }
 
 // Status fails with code 50 when the store cannot take a new lease (not writable) or

@@ -124,7 +124,8 @@ func (s *Store) Do(ctx context.Context, f func(ipam.Tx) error) (err error) {
 		return err
 	}
 	defer l.close()
-	t := &tx{s: s, lk: l, recs: map[string]*record{}}
+	t := newTx(s, l)
+	defer t.close()
 	if err := t.begin(); err != nil {
 		t.abort()
 		return err

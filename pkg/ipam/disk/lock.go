@@ -98,7 +98,7 @@ func (s *Store) tryLock(ctx context.Context) (_ *locked, err error) {
 	if err := unix.Stat(s.dir, &pst); err != nil || pst.Dev != dst.Dev || pst.Ino != dst.Ino {
 		return nil, nil // removed (and maybe re-created) while we waited
 	}
-	if l.lock, err = openLock(dfd, s.dir); err != nil {
+	if l.lock, err = openLock(dfd, s.dir, l.exclusive); err != nil {
 		return nil, err
 	}
 	if err := lockError(ctx, cniplumb.Flock(ctx, l.lock)); err != nil {
@@ -116,22 +116,25 @@ func (s *Store) tryLock(ctx context.Context) (_ *locked, err error) {
 }
 
 // openLock opens <dir>/lock, creating it 0600 when missing, without following a
-// symlink in its place.
-func openLock(dfd int, dir string) (int, error) {
-	fd, err := unix.Openat(dfd, lockName, unix.O_RDONLY|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0o600)
-	if err == nil {
-		var st unix.Stat_t
-		if err = unix.Fstat(fd, &st); err == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
-			return fd, nil
-		}
-		unix.Close(fd)
-		if err == nil {
-			err = errNotFile
+// symlink in its place. Something other than a regular file there (a symlink,
+// dangling or not) is removed — the link itself — and a lock file made, but only by
+// a call holding the directory lock (replace): no other podwire call can then be
+// between opening and locking the lock file. (A reference call that locked the
+// link's target at that moment is not excluded, once; the reference follows the
+// link, podwire never does.)
+func openLock(dfd int, dir string, replace bool) (int, error) {
+	fd, _, err := openAt(dfd, lockName, unix.O_RDONLY|unix.O_CREAT)
+	if errors.Is(err, errNotFile) && replace {
+		if err = removeNonFile(dfd, lockName); err == nil || errors.Is(err, unix.ENOENT) {
+			fd, _, err = openAt(dfd, lockName, unix.O_RDONLY|unix.O_CREAT)
 		}
 	}
-	if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENXIO) || errors.Is(err, errNotFile) {
+	switch {
+	case err == nil:
+		return fd, nil
+	case errors.Is(err, errNotFile), errors.Is(err, unix.EISDIR):
 		return -1, ioError("opening the lock file", fmt.Errorf(
-			"%s/lock is not a regular file (a symlink?), and podwire does not follow it: remove it (podwire creates a new one)", dir))
+			"%s/lock is not a regular file (a symlink or directory), and podwire does not follow it: remove it (podwire creates a new one)", dir))
 	}
 	return -1, ioError("opening the lock file in "+dir, err)
 }
@@ -147,7 +150,3 @@ func lockError(ctx context.Context, err error) error {
 	}
 	return ioError("locking the lease directory", err)
 }
-
-// errNotFile: a name in the lease directory holds something other than a regular file
-// (a symlink, a directory, a device node).
-var errNotFile = errors.New("not a regular file")
