@@ -12,13 +12,16 @@
 //	        owners/<hash>                JSON per attachment: its leases, each with the
 //	                                     lease file's inode+mtime and the boot ID it
 //	                                     was made (or first seen) in
+//	        spare/<n>                    empty files kept for reuse (spare.go)
 //	        lease.<random>.tmp           a lease being written by one call (gone after it)
 //
 // Lookups by attachment read one owners/ file, and new leases are placed with
-// link(2), which fails on an existing name, so ADD and DEL cost the same with ten
-// leases or ten thousand. The index is a cache: every lease it names is verified
-// against the lease file before use, and it is rebuilt from the lease files whenever
-// it may have missed a change (see begin).
+// RENAME_NOREPLACE (or link(2)), which fails on an existing name, so ADD and DEL cost
+// the same with ten leases or ten thousand. The index is a cache: every lease it names
+// is verified against the lease file before use, and it is rebuilt from the lease
+// files whenever it may have missed a change (see begin). Nothing inside the network
+// directory is followed if it is a symlink (fs.go), and the locks hold even when the
+// lock file is removed under them (lock.go).
 package disk
 
 import (

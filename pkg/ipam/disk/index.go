@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"net"
 	"path/filepath"
@@ -380,7 +381,7 @@ func (t *tx) commit() error {
 		return err
 	}
 	b, _ := json.Marshal(state{Version: 1, Boot: t.s.boot, DirMtime: mt, Last: t.last})
-	return t.writeFile(t.side, stateName, b, "saving the lease index state")
+	return t.writeFile(t.side, t.s.side, stateName, b, "saving the lease index state")
 }
 
 // abort puts an unplaced temporary lease back among the spares.
@@ -483,16 +484,25 @@ func (t *tx) writeRecord(k string, r *record) error {
 	}
 	t.recs[k] = r
 	b, _ := json.Marshal(r)
-	return t.writeFile(t.owners, k, b, "saving the index entry of "+r.owner().String())
+	return t.writeFile(t.owners, filepath.Join(t.s.side, ownersName), k, b, "saving the index entry of "+r.owner().String())
 }
 
-// writeFile rewrites the index file name in dir in place (see writeAt). Index files
-// need neither a temporary file nor fsync: a crash that tears one leaves a file that
-// does not parse, which makes the next call rebuild the index from the lease files
-// (as does the new boot ID after a power cut).
-func (t *tx) writeFile(dir int, name string, data []byte, what string) error {
+// writeFile rewrites the index file name in dir (at dirPath) in place (see writeAt).
+// Index files need neither a temporary file nor fsync: a crash that tears one leaves a
+// file that does not parse, which makes the next call rebuild the index from the lease
+// files (as does the new boot ID after a power cut).
+func (t *tx) writeFile(dir int, dirPath, name string, data []byte, what string) error {
 	if err := writeAt(dir, name, data); err != nil {
-		return ioError(what, err)
+		return ioError(what, inTheWay(err, filepath.Join(dirPath, name)))
 	}
 	return nil
+}
+
+// inTheWay adds the fix to the error of writing a file where a directory stands
+// (podwire never removes a directory it did not make).
+func inTheWay(err error, path string) error {
+	if errors.Is(err, unix.EISDIR) {
+		return fmt.Errorf("%w: %s is a directory; remove it, and podwire writes its file there", err, path)
+	}
+	return err
 }

@@ -167,7 +167,8 @@ func (t *tx) writeLast(set, ip string) error {
 		t.changedDir = true // created, most likely
 	}
 	if err := writeAt(t.dir, lastIPPrefix+set, []byte(ip)); err != nil {
-		return ioError("recording the last reserved address in "+filepath.Join(t.s.dir, lastIPPrefix+set), err)
+		path := filepath.Join(t.s.dir, lastIPPrefix+set)
+		return ioError("recording the last reserved address in "+path, inTheWay(err, path))
 	}
 	if t.last == nil {
 		t.last = map[string]string{}

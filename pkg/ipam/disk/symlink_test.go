@@ -271,3 +271,43 @@ func TestUnreadableLeaseRequested(t *testing.T) {
 		t.Errorf("requesting an address blocked by a symlink: %v (code %d)", err, cniplumb.Code(err))
 	}
 }
+
+// TestDirectoryInTheWay: podwire never removes a directory it did not make. One in
+// place of the lock file or last_reserved_ip.0 fails the call with code 5 saying to
+// remove it; one in place of a lease file keeps its address taken, and DEL of the
+// attachment that held it succeeds.
+func TestDirectoryInTheWay(t *testing.T) {
+	c := parse(t, `{"ranges":[[{"subnet":"10.0.0.0/24"}]]}`)
+	for _, name := range []string{"lock", "last_reserved_ip.0"} {
+		dataDir := t.TempDir()
+		if err := os.MkdirAll(filepath.Join(dataDir, network, name, "x"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		_, err := ipam.Allocate(ctx, open(t, dataDir, disk.Options{}), c, own("a"))
+		if cniplumb.Code(err) != cniplumb.CodeIOFailure || !strings.Contains(err.Error(), "remove it") {
+			t.Errorf("ADD with a directory as %s: %v (code %d), want code 5 saying to remove it", name, err, cniplumb.Code(err))
+		}
+	}
+	dataDir := t.TempDir()
+	st := open(t, dataDir, disk.Options{})
+	allocate(t, st, c, own("a")) // .2
+	lease := filepath.Join(dataDir, network, "10.0.0.2")
+	if err := os.Remove(lease); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(lease, "x"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got := allocate(t, st, c, own("b")); !cmp.Equal(got, []string{"10.0.0.3"}) {
+		t.Errorf("ADD next to a directory at 10.0.0.2 got %v", got)
+	}
+	if err := ipam.Release(ctx, st, own("a")); err != nil {
+		t.Errorf("DEL of the attachment whose lease is now a directory: %v", err)
+	}
+	if err := ipam.GC(ctx, st, nil); err != nil {
+		t.Errorf("GC: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(lease, "x")); err != nil {
+		t.Errorf("the directory was removed: %v", err)
+	}
+}
