@@ -129,25 +129,26 @@ func removeNonFile(dir int, name string) error {
 
 // openDirAt opens the directory name in parent, creating it 0700 when missing. Anything
 // else in its place (a symlink, a file) is podwire's to replace: it is removed (the
-// link itself) and the directory made.
-func openDirAt(parent int, name string) (int, error) {
+// link itself) and the directory made. made reports that the directory is new.
+func openDirAt(parent int, name string) (fd int, made bool, err error) {
 	for attempt := 0; ; attempt++ {
 		fd, err := unix.Openat(parent, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if err == nil || attempt == 2 {
-			return fd, err
+			return fd, made, err
 		}
 		switch {
 		case errors.Is(err, unix.ENOENT):
 		case errors.Is(err, unix.ELOOP), errors.Is(err, unix.ENOTDIR):
 			if err := unix.Unlinkat(parent, name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
-				return -1, err
+				return -1, false, err
 			}
 		default:
-			return -1, err
+			return -1, false, err
 		}
 		if err := unix.Mkdirat(parent, name, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
-			return -1, err
+			return -1, false, err
 		}
+		made = true
 	}
 }
 

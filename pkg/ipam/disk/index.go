@@ -132,10 +132,13 @@ func leaseIP(name string) net.IP {
 func (t *tx) begin() error {
 	s := t.s
 	var err error
-	if t.side, err = openDirAt(t.dir, sideDirName); err != nil {
+	if t.side, _, err = openDirAt(t.dir, sideDirName); err != nil {
 		return ioError("opening the lease index "+s.side, err)
 	}
-	if t.owners, err = openDirAt(t.side, ownersName); err != nil {
+	// An owners directory that had to be made (removed, or a symlink in its place)
+	// lost every entry: rebuild.
+	var madeOwners bool
+	if t.owners, madeOwners, err = openDirAt(t.side, ownersName); err != nil {
 		return ioError("opening the lease index "+filepath.Join(s.side, ownersName), err)
 	}
 	// No state (or a symlink in its place, never read): rebuild.
@@ -147,7 +150,7 @@ func (t *tx) begin() error {
 		return err
 	}
 	var st state
-	valid := err == nil && json.Unmarshal(b, &st) == nil && st.Version == 1 && st.Boot == s.boot
+	valid := err == nil && !madeOwners && json.Unmarshal(b, &st) == nil && st.Version == 1 && st.Boot == s.boot
 	fresh := valid
 	if fresh {
 		mt, err := t.dirMtime()

@@ -22,7 +22,7 @@ const (
 // first use; -2 when it cannot be, and then nothing is recycled.
 func (t *tx) spareDir() int {
 	if t.spare == -1 {
-		fd, err := openDirAt(t.side, spareDirName)
+		fd, _, err := openDirAt(t.side, spareDirName)
 		if err != nil {
 			fd = -2
 		}

@@ -311,3 +311,33 @@ func TestDirectoryInTheWay(t *testing.T) {
 		t.Errorf("the directory was removed: %v", err)
 	}
 }
+
+// TestIndexDirectoryReplaced: when .podwire/owners is removed or replaced by a symlink
+// while leases exist, the next call rebuilds the index from the lease files, so the
+// leases are still found (a repeated ADD returns them, DEL releases them).
+func TestIndexDirectoryReplaced(t *testing.T) {
+	for _, link := range []bool{false, true} {
+		t.Run(fmt.Sprintf("symlink=%v", link), func(t *testing.T) {
+			dataDir := t.TempDir()
+			st := open(t, dataDir, disk.Options{})
+			c := parse(t, dual)
+			first := allocate(t, st, c, own("a"))
+			owners := filepath.Join(dataDir, network, ".podwire", "owners")
+			if err := os.RemoveAll(owners); err != nil {
+				t.Fatal(err)
+			}
+			if link {
+				symlink(t, t.TempDir(), owners)
+			}
+			if again := allocate(t, st, c, own("a")); !cmp.Equal(first, again) {
+				t.Errorf("repeated ADD after the index directory was replaced got %v, first %v", again, first)
+			}
+			if err := ipam.Release(ctx, st, own("a")); err != nil {
+				t.Fatal(err)
+			}
+			if got := files(t, filepath.Join(dataDir, network)); strings.Contains(got, "a\\r\\neth0") {
+				t.Errorf("DEL left a lease:\n%s", got)
+			}
+		})
+	}
+}
