@@ -2,6 +2,7 @@ package disk
 
 import (
 	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -31,13 +32,21 @@ func (t *tx) spareDir() int {
 	return t.spare
 }
 
-// spareNames lists .podwire/spare once per transaction.
+// spareNames lists .podwire/spare once per transaction. Names starting with "." are
+// spares being emptied by a call (see recycle): never taken, and removed as crash
+// leftovers by a call holding the directory lock.
 func (t *tx) spareNames() []string {
 	if t.spares == nil {
 		t.spares = []string{}
 		if sd := t.spareDir(); sd >= 0 {
-			if names, err := listAt(sd); err == nil {
-				t.spares = names
+			names, _ := listAt(sd)
+			for _, n := range names {
+				switch {
+				case !strings.HasPrefix(n, "."):
+					t.spares = append(t.spares, n)
+				case t.lk.exclusive:
+					_ = unix.Unlinkat(sd, n, 0)
+				}
 			}
 		}
 	}
@@ -62,7 +71,9 @@ func (t *tx) takeSpare(dir int, name string) bool {
 // recycle removes name from dir by moving it to the spare pool (or unlinking it when
 // the pool is full or unusable). A file that is already gone is ENOENT, as from
 // unlink. The spare is emptied, so a released lease's content lingers nowhere (the
-// reference's CHECK walks subdirectories too).
+// reference's CHECK walks subdirectories too). It is emptied under a name of this
+// call's own and only then given its slot: truncating it under its slot could empty
+// a lease that a concurrent call took from the pool and placed in the meantime.
 func (t *tx) recycle(dir int, name string) error {
 	names := t.spareNames()
 	if sd := t.spareDir(); sd >= 0 && len(names) < maxSpares {
@@ -74,16 +85,17 @@ func (t *tx) recycle(dir int, name string) error {
 		for used[strconv.Itoa(slot)] {
 			slot++
 		}
-		dst := strconv.Itoa(slot)
-		if renameNoReplace(dir, name, sd, dst) == nil {
-			if emptySpare(sd, dst) == nil {
-				t.spares = append(t.spares, dst)
+		private := "." + t.tmpName()
+		if renameNoReplace(dir, name, sd, private) == nil {
+			if emptySpare(sd, private) == nil && renameNoReplace(sd, private, sd, strconv.Itoa(slot)) == nil {
+				t.spares = append(t.spares, strconv.Itoa(slot))
 			} else {
-				_ = unix.Unlinkat(sd, dst, 0) // not a regular file after all
+				// Not a regular file after all, or the slot taken by a concurrent call.
+				_ = unix.Unlinkat(sd, private, 0)
 			}
 			return nil
 		}
-		// Gone (ENOENT), or the slot taken by a concurrent call: unlink says which.
+		// Gone (ENOENT), or a concurrent call's: unlink says which.
 	}
 	return unix.Unlinkat(dir, name, 0)
 }
