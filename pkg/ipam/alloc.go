@@ -28,7 +28,7 @@ func allocation(set int, s RangeSet, ip net.IP) Allocation {
 // Allocate gives o one address from each range set of c, in one transaction.
 //
 //   - When o already holds a lease in a range set (a runtime retrying ADD after a
-//     restart), that lease is returned instead of a second one.
+//     restart), that lease is returned instead of a second one (see held).
 //   - A requested address (c.Requested) is taken if free, or if its lease is from a
 //     previous boot; otherwise the call fails naming the holder.
 //   - Otherwise the set is walked round-robin from its last reserved address. When
@@ -36,21 +36,18 @@ func allocation(set int, s RangeSet, ip net.IP) Allocation {
 //     and the walk is repeated once; if that finds nothing either, the error has
 //     code 50.
 //
-// On any failure the leases this call created are released again.
+// On any failure the leases this call created are released again, and only those:
+// a lease o held before the call is never released by it.
 func Allocate(ctx context.Context, st Store, c *Conf, o Owner) ([]Allocation, error) {
 	var out []Allocation
 	err := st.Do(ctx, func(tx Tx) (err error) {
-		held, err := tx.Leases(o)
+		held, err := held(tx, c, o)
 		if err != nil {
 			return err
 		}
-		renewed := map[Owner]bool{}
-		for _, l := range held {
-			if !renewed[l.Owner] {
-				renewed[l.Owner] = true
-				if err := tx.Renew(l.Owner); err != nil {
-					return err
-				}
+		if len(held) > 0 {
+			if err := tx.Renew(o); err != nil {
+				return err
 			}
 		}
 		var created []net.IP
@@ -66,18 +63,12 @@ func Allocate(ctx context.Context, st Store, c *Conf, o Owner) ([]Allocation, er
 		}()
 		for i, set := range c.RangeSets {
 			req, hasReq := c.Requested[i]
-			var have net.IP
-			for _, l := range held {
-				if set.Contains(l.IP) {
-					have = l.IP
-				}
-			}
-			if have != nil {
-				if hasReq && !req.IP.Equal(have) {
+			if l := leaseIn(held, set); l != nil {
+				if hasReq && !req.IP.Equal(l.IP) {
 					return requestError(req, "attachment %s already holds %s in range set %d (%s), not the requested %s; DEL the attachment before asking for another address",
-						o, have, i, set.String(), req.IP)
+						o, l.IP, i, set.String(), req.IP)
 				}
-				out = append(out, allocation(i, set, have))
+				out = append(out, allocation(i, set, l.IP))
 				continue
 			}
 			var ip net.IP
@@ -100,6 +91,56 @@ func Allocate(ctx context.Context, st Store, c *Conf, o Owner) ([]Allocation, er
 	return out, nil
 }
 
+// held returns the leases o holds. In a range set where o holds none, a legacy lease
+// of its container (one a reference host-local before v0.8 wrote with the container
+// ID only) counts as o's, as in the reference's lookup; it is adopted (rewritten in
+// o's name, the address never free in between), so that a repeated ADD finds it
+// together with the leases this ADD adds, DEL releases them all, and no other
+// interface of the container is given the same address.
+func held(tx Tx, c *Conf, o Owner) ([]Lease, error) {
+	own, err := tx.Leases(o)
+	if err != nil {
+		return nil, err
+	}
+	var legacy []Lease
+	switch {
+	case len(own) > 0 && own[0].Owner != o:
+		own, legacy = nil, own // o holds none; these are its container's legacy leases
+	case o.IfName != "":
+		for _, set := range c.RangeSets {
+			if leaseIn(own, set) == nil {
+				if legacy, err = tx.Leases(Owner{ContainerID: o.ContainerID}); err != nil {
+					return nil, err
+				}
+				break
+			}
+		}
+	}
+	for _, set := range c.RangeSets {
+		l := leaseIn(legacy, set)
+		if l == nil || leaseIn(own, set) != nil {
+			continue
+		}
+		if err := tx.Adopt(l.IP, l.Owner, o); err != nil {
+			return nil, fmt.Errorf("taking over %s's legacy lease on %s: %w", o.ContainerID, l.IP, err)
+		}
+		adopted := *l
+		adopted.Owner = o
+		own = append(own, adopted)
+	}
+	return own, nil
+}
+
+// leaseIn returns the lease of ls inside set, or nil.
+func leaseIn(ls []Lease, set RangeSet) *Lease {
+	for i := range ls {
+		if set.Contains(ls[i].IP) {
+			return &ls[i]
+		}
+	}
+	return nil
+}
+
 func requestError(req Request, format string, a ...any) error {
 	if req.Source == "CNI_ARGS IP" {
 		return cniplumb.EnvError("CNI_ARGS", "IP="+format, a...)
@@ -119,6 +160,9 @@ func reserveRequested(tx Tx, o Owner, set int, req Request) (net.IP, error) {
 		h, found, err := tx.Holder(req.IP)
 		if err != nil {
 			return nil, err
+		}
+		if found && h.Unreadable {
+			return nil, requestError(req, "%s is blocked: its lease file was replaced by something that is not a lease file (a symlink?), which podwire does not follow; remove it from the lease directory, or request another address", req.IP)
 		}
 		if !found || !h.PrevBoot {
 			holder := "another attachment"
@@ -255,7 +299,9 @@ func setDiff(held, prev map[string]bool) string {
 
 // GC releases every lease whose attachment is not in valid, and every broken lease
 // file. A legacy lease (no interface name) is kept when any valid attachment has its
-// container ID. It keeps going past errors and returns them all.
+// container ID. An Unreadable lease (a symlink in place of the lease file) is
+// released unless the store's records give it to a valid attachment. It keeps going
+// past errors and returns them all.
 func GC(ctx context.Context, st Store, valid []Owner) error {
 	keep := map[Owner]bool{}
 	for _, o := range valid {
@@ -268,8 +314,18 @@ func GC(ctx context.Context, st Store, valid []Owner) error {
 			return err
 		}
 		var errs []error
+		var validIPs map[string]bool // of Unreadable leases; looked up when there are some
 		for _, l := range all {
-			if !l.Broken && keep[l.Owner] {
+			if l.Unreadable {
+				if validIPs == nil {
+					if validIPs, err = unreadableOf(tx, valid); err != nil {
+						return err
+					}
+				}
+				if validIPs[l.IP.String()] {
+					continue
+				}
+			} else if !l.Broken && keep[l.Owner] {
 				continue
 			}
 			if err := tx.ReleaseIP(l.IP, l.Owner); err != nil {
@@ -278,6 +334,23 @@ func GC(ctx context.Context, st Store, valid []Owner) error {
 		}
 		return errors.Join(errs...)
 	})
+}
+
+// unreadableOf returns the addresses of the valid attachments' Unreadable leases.
+func unreadableOf(tx Tx, valid []Owner) (map[string]bool, error) {
+	out := map[string]bool{}
+	for _, o := range valid {
+		ls, err := tx.Leases(o)
+		if err != nil {
+			return nil, err
+		}
+		for _, l := range ls {
+			if l.Unreadable {
+				out[l.IP.String()] = true
+			}
+		}
+	}
+	return out, nil
 }
 
 // Status fails with code 50 when the store cannot take a new lease (not writable) or

@@ -22,14 +22,16 @@ import (
 // testStore is a Store plus the test hooks both implementations support.
 type testStore interface {
 	ipam.Store
-	reboot(boot string)  // the node rebooted
-	putBroken(ip string) // an empty lease file left by a crashed writer, minutes ago
+	reboot(boot string)      // the node rebooted
+	putBroken(ip string)     // an empty lease file left by a crashed writer, minutes ago
+	putUnreadable(ip string) // a symlink in place of the lease file
 }
 
 type fakeStore struct{ *ipam.Fake }
 
-func (f fakeStore) reboot(b string)     { f.Reboot(b) }
-func (f fakeStore) putBroken(ip string) { f.PutBroken(net.ParseIP(ip)) }
+func (f fakeStore) reboot(b string)         { f.Reboot(b) }
+func (f fakeStore) putBroken(ip string)     { f.PutBroken(net.ParseIP(ip)) }
+func (f fakeStore) putUnreadable(ip string) { f.PutUnreadable(net.ParseIP(ip)) }
 
 // diskStore re-opens the disk store on "reboot" with another boot ID, as the next
 // plugin process after a reboot would.
@@ -66,6 +68,17 @@ func (d *diskStore) putBroken(ip string) {
 	}
 }
 
+func (d *diskStore) putUnreadable(ip string) {
+	p := filepath.Join(d.dataDir, "net1", ip)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		panic(err)
+	}
+	_ = os.Remove(p)
+	if err := os.Symlink("/nonexistent", p); err != nil {
+		panic(err)
+	}
+}
+
 // eachStore runs f against the Fake and against the disk store in a temp dir: the
 // allocator must behave the same on both.
 func eachStore(t *testing.T, f func(t *testing.T, st testStore)) {
@@ -74,7 +87,8 @@ func eachStore(t *testing.T, f func(t *testing.T, st testStore)) {
 }
 
 // dumpStore lists the leases through the Store interface itself, one per line:
-// "ip container/ifname [prev-boot] [broken]", then "last.N ip" per range set.
+// "ip container/ifname [prev-boot]", "ip broken" or "ip unreadable", then "last.N ip"
+// per range set.
 func dumpStore(t testing.TB, st ipam.Store, sets int) string {
 	t.Helper()
 	var lines []string
@@ -90,6 +104,9 @@ func dumpStore(t testing.TB, st ipam.Store, sets int) string {
 			}
 			if l.Broken {
 				s = l.IP.String() + " broken"
+			}
+			if l.Unreadable {
+				s = l.IP.String() + " unreadable"
 			}
 			lines = append(lines, s)
 		}
@@ -257,6 +274,108 @@ last.1 fd00::4`, dumpStore(t, st, 2)); d != "" {
 		add(t, st, set0, own("a"))
 		if got := add(t, st, c, own("a")); got != "10.0.0.5/24 gw 10.0.0.1, fd00::5/64 gw fd00::1" {
 			t.Errorf("completing ADD got %s", got)
+		}
+	})
+}
+
+// TestRepeatedAddOfLegacyLease: an attachment whose address in one range set is a
+// legacy lease (container ID only, from a reference host-local before v0.8) gets the
+// other set completed by its first ADD; a repeated ADD must return the same two
+// addresses and allocate nothing, and the legacy lease is now the attachment's (so
+// its DEL releases both, and another interface of the container does not get it).
+func TestRepeatedAddOfLegacyLease(t *testing.T) {
+	eachStore(t, func(t *testing.T, st testStore) {
+		v4 := mustConf(t, `{"ranges":[[{"subnet":"10.0.0.0/24"}]]}`)
+		dual := mustConf(t, `{"ranges":[[{"subnet":"10.0.0.0/24"}],[{"subnet":"fd00::/64"}]]}`)
+		if _, err := ipam.Allocate(context.Background(), st, v4, ipam.Owner{ContainerID: "a"}); err != nil {
+			t.Fatal(err)
+		}
+		first := add(t, st, dual, own("a"))
+		if first != "10.0.0.2/24 gw 10.0.0.1, fd00::2/64 gw fd00::1" {
+			t.Errorf("ADD completing a legacy lease got %s", first)
+		}
+		if again := add(t, st, dual, own("a")); again != first {
+			t.Errorf("repeated ADD got %s, the first %s", again, first)
+		}
+		if d := cmp.Diff("10.0.0.2 a/eth0\nfd00::2 a/eth0\nlast.0 10.0.0.2\nlast.1 fd00::2", dumpStore(t, st, 2)); d != "" {
+			t.Errorf("store after the repeated ADD (-want +got):\n%s", d)
+		}
+		if eth1 := add(t, st, dual, ipam.Owner{ContainerID: "a", IfName: "eth1"}); eth1 != "10.0.0.3/24 gw 10.0.0.1, fd00::3/64 gw fd00::1" {
+			t.Errorf("another interface of the container got %s", eth1)
+		}
+		del(t, st, own("a"))
+		if d := cmp.Diff("10.0.0.3 a/eth1\nfd00::3 a/eth1\nlast.0 10.0.0.3\nlast.1 fd00::3", dumpStore(t, st, 2)); d != "" {
+			t.Errorf("store after DEL (-want +got):\n%s", d)
+		}
+	})
+}
+
+// TestRepeatedAddFailureKeepsLease: a repeated ADD that fails (the requested address
+// differs from the one held, a range set with no free address, a write error) leaves
+// the leases the attachment already held exactly as they were.
+func TestRepeatedAddFailureKeepsLease(t *testing.T) {
+	full := `{"ranges":[[{"subnet":"10.0.0.0/24"}],[{"subnet":"fd00::/64","rangeStart":"fd00::9","rangeEnd":"fd00::9"}]]}`
+	for _, tc := range []struct {
+		name  string
+		again *ipam.Conf
+		fail  string // armed Fake failure
+	}{
+		{name: "another requested address", again: mustConf(t, `{"ranges":[[{"subnet":"10.0.0.0/24"}]]}`, `"args":{"cni":{"ips":["10.0.0.9"]}}`)},
+		{name: "exhausted set to complete", again: mustConf(t, full)},
+		{name: "write error completing a set", again: mustConf(t, `{"ranges":[[{"subnet":"10.0.0.0/24"}],[{"subnet":"fd00::/64"}]]}`), fail: "write"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := ipam.NewFake()
+			v4 := mustConf(t, `{"ranges":[[{"subnet":"10.0.0.0/24"}]]}`)
+			add(t, f, v4, own("a"))
+			add(t, f, mustConf(t, full), own("b")) // takes fd00::9
+			before := f.Dump()
+			if tc.fail != "" {
+				f.FailNext(tc.fail)
+			}
+			if _, err := ipam.Allocate(context.Background(), f, tc.again, own("a")); err == nil {
+				t.Fatal("repeated ADD succeeded")
+			}
+			if d := cmp.Diff(before, f.Dump()); d != "" {
+				t.Errorf("a failed repeated ADD changed the store (-before +after):\n%s", d)
+			}
+		})
+	}
+}
+
+// TestUnreadableLease: a lease file replaced by something else (a symlink) keeps its
+// address taken; its attachment still holds it (CHECK passes, a repeated ADD returns
+// it and writes the lease again, DEL releases it); GC keeps it for a valid attachment
+// and releases one nobody holds.
+func TestUnreadableLease(t *testing.T) {
+	eachStore(t, func(t *testing.T, st testStore) {
+		c := mustConf(t, small)
+		add(t, st, c, own("a")) // .2
+		add(t, st, c, own("b")) // .3
+		st.putUnreadable("10.0.0.2")
+		st.putUnreadable("10.0.0.4") // nobody's
+		if got := add(t, st, c, own("c")); got != "10.0.0.5/29 gw 10.0.0.1" {
+			t.Errorf("ADD next to unreadable leases got %s", got)
+		}
+		if err := ipam.Check(context.Background(), st, c, own("a"), nil); err != nil {
+			t.Errorf("CHECK of a: %v", err)
+		}
+		if err := ipam.GC(context.Background(), st, []ipam.Owner{own("a"), own("b"), own("c")}); err != nil {
+			t.Fatal(err)
+		}
+		if d := cmp.Diff("10.0.0.2 unreadable\n10.0.0.3 b/eth0\n10.0.0.5 c/eth0\nlast.0 10.0.0.5", dumpStore(t, st, 1)); d != "" {
+			t.Errorf("after GC (-want +got):\n%s", d)
+		}
+		if got := add(t, st, c, own("a")); got != "10.0.0.2/29 gw 10.0.0.1" {
+			t.Errorf("repeated ADD of a got %s", got)
+		}
+		if d := cmp.Diff("10.0.0.2 a/eth0\n10.0.0.3 b/eth0\n10.0.0.5 c/eth0\nlast.0 10.0.0.5", dumpStore(t, st, 1)); d != "" {
+			t.Errorf("after the repeated ADD (-want +got):\n%s", d)
+		}
+		st.putUnreadable("10.0.0.3")
+		del(t, st, own("b"))
+		if d := cmp.Diff("10.0.0.2 a/eth0\n10.0.0.5 c/eth0\nlast.0 10.0.0.5", dumpStore(t, st, 1)); d != "" {
+			t.Errorf("after DEL of b (-want +got):\n%s", d)
 		}
 	})
 }

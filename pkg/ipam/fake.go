@@ -24,10 +24,11 @@ type Fake struct {
 }
 
 type fakeLease struct {
-	ip     net.IP
-	owner  Owner
-	boot   string
-	broken bool
+	ip         net.IP
+	owner      Owner // for an unreadable lease: who held it before (the disk store's index)
+	boot       string
+	broken     bool
+	unreadable bool
 }
 
 var _ Store = (*Fake)(nil)
@@ -54,6 +55,16 @@ func (f *Fake) PutBroken(ip net.IP) {
 	f.leases[ip.String()] = fakeLease{ip: canonical(ip), broken: true}
 }
 
+// PutUnreadable replaces the lease file on ip (or an absent one) by something that
+// is not a lease file, as a symlink planted in the disk store's directory.
+func (f *Fake) PutUnreadable(ip net.IP) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	l := f.leases[canonical(ip).String()]
+	l.ip, l.broken, l.unreadable = canonical(ip), false, true
+	f.leases[l.ip.String()] = l
+}
+
 // FailNext arms a failure: "reserve" fails the next Reserve, "write" makes Writable
 // and the next Reserve fail.
 func (f *Fake) FailNext(what string) {
@@ -72,6 +83,8 @@ func (f *Fake) Dump() string {
 		switch {
 		case l.broken:
 			lines = append(lines, l.ip.String()+" broken")
+		case l.unreadable:
+			lines = append(lines, l.ip.String()+" unreadable")
 		case l.boot != f.boot:
 			lines = append(lines, fmt.Sprintf("%s %s/%s boot=%s", l.ip, l.owner.ContainerID, l.owner.IfName, l.boot))
 		default:
@@ -112,6 +125,9 @@ func (f *Fake) Do(ctx context.Context, fn func(Tx) error) error {
 type fakeTx struct{ f *Fake }
 
 func (t fakeTx) lease(l fakeLease) Lease {
+	if l.unreadable {
+		return Lease{IP: l.ip, Unreadable: true}
+	}
 	return Lease{IP: l.ip, Owner: l.owner, PrevBoot: !l.broken && l.boot != t.f.boot, Broken: l.broken}
 }
 
@@ -120,7 +136,9 @@ func (t fakeTx) Leases(o Owner) ([]Lease, error) {
 	for _, want := range []Owner{o, {ContainerID: o.ContainerID}} {
 		for _, l := range t.f.leases {
 			if !l.broken && l.owner == want {
-				out = append(out, t.lease(l))
+				ls := t.lease(l)
+				ls.Owner = want
+				out = append(out, ls)
 			}
 		}
 		if len(out) > 0 {
@@ -134,9 +152,18 @@ func (t fakeTx) Leases(o Owner) ([]Lease, error) {
 func (t fakeTx) Renew(o Owner) error {
 	for k, l := range t.f.leases {
 		if !l.broken && l.owner == o {
-			l.boot = t.f.boot
+			l.boot, l.unreadable = t.f.boot, false
 			t.f.leases[k] = l
 		}
+	}
+	return nil
+}
+
+func (t fakeTx) Adopt(ip net.IP, from, to Owner) error {
+	k := canonical(ip).String()
+	if l, ok := t.f.leases[k]; ok && !l.broken && !l.unreadable && l.owner == from {
+		l.owner = to
+		t.f.leases[k] = l
 	}
 	return nil
 }
@@ -175,7 +202,7 @@ func (t fakeTx) Release(o Owner) error {
 
 func (t fakeTx) ReleaseIP(ip net.IP, o Owner) error {
 	k := canonical(ip).String()
-	if l, ok := t.f.leases[k]; ok && l.owner == o {
+	if l, ok := t.f.leases[k]; ok && (l.owner == o || l.unreadable && o == Owner{}) {
 		delete(t.f.leases, k)
 	}
 	return nil

@@ -32,6 +32,11 @@ type Lease struct {
 	// period: a writer crashed between creating and filling it. It has no owner and
 	// may be reclaimed.
 	Broken bool
+	// Unreadable marks an address whose lease file was replaced by something that is
+	// not a lease file (a symlink, a device node), which the store never follows or
+	// reads. The address counts as taken. Owner is set only when the store's own
+	// records say whose it is (Leases); All and Holder leave it empty.
+	Unreadable bool
 }
 
 // Store holds the leases of one network. Do runs f as one transaction under the
@@ -49,8 +54,12 @@ type Tx interface {
 	// leases (Owner.IfName ""), as the reference's release does.
 	Leases(o Owner) ([]Lease, error)
 	// Renew marks o's leases as belonging to the current boot (the attachment was just
-	// confirmed alive by an ADD).
+	// confirmed alive by an ADD), and writes o's lease again where something
+	// Unreadable took its place.
 	Renew(o Owner) error
+	// Adopt makes the lease on ip, held by from, to's, without the address being free
+	// at any moment. It does nothing when ip is no longer from's.
+	Adopt(ip net.IP, from, to Owner) error
 	// Holder returns the lease on ip, and false when ip is free.
 	Holder(ip net.IP) (Lease, bool, error)
 	// Reserve leases ip to o if it is free (a Broken lease counts as free) and records
@@ -61,8 +70,9 @@ type Tx interface {
 	LastReserved(set int) (net.IP, error)
 	// Release removes every lease Leases(o) returns. None is not an error.
 	Release(o Owner) error
-	// ReleaseIP removes the lease on ip if it is still held by o (for a Broken lease,
-	// o is the zero Owner). A lease that is gone or held by someone else is left alone.
+	// ReleaseIP removes the lease on ip if it is still held by o (for a Broken or an
+	// Unreadable lease of All, o is the zero Owner; an Unreadable lease of Leases(o)
+	// is o's). A lease that is gone or held by someone else is left alone.
 	ReleaseIP(ip net.IP, o Owner) error
 	// All lists every lease of the network. It reads the whole store.
 	All() ([]Lease, error)

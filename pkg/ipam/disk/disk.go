@@ -12,13 +12,16 @@
 //	        owners/<hash>                JSON per attachment: its leases, each with the
 //	                                     lease file's inode+mtime and the boot ID it
 //	                                     was made (or first seen) in
-//	        lease.tmp                    a lease being written (gone after each call)
+//	        spare/<n>                    empty files kept for reuse (spare.go)
+//	        lease.<random>.tmp           a lease being written by one call (gone after it)
 //
 // Lookups by attachment read one owners/ file, and new leases are placed with
-// link(2), which fails on an existing name, so ADD and DEL cost the same with ten
-// leases or ten thousand. The index is a cache: every lease it names is verified
-// against the lease file before use, and it is rebuilt from the lease files whenever
-// it may have missed a change (see begin).
+// RENAME_NOREPLACE (or link(2)), which fails on an existing name, so ADD and DEL cost
+// the same with ten leases or ten thousand. The index is a cache: every lease it names
+// is verified against the lease file before use, and it is rebuilt from the lease
+// files whenever it may have missed a change (see begin). Nothing inside the network
+// directory is followed if it is a symlink (fs.go), and the locks hold even when the
+// lock file is removed under them (lock.go).
 package disk
 
 import (
@@ -113,22 +116,19 @@ func (s *Store) Exists() bool {
 	return err == nil && fi.IsDir()
 }
 
-// Do runs f holding an exclusive flock on <dir>/lock, the same lock the reference
-// host-local takes, so our processes and the reference's exclude each other. It
-// brings the index up to date first and records the directory's state after f.
+// Do runs f holding the network's locks (see lockDir): an exclusive flock on <dir>/lock,
+// the same lock the reference host-local takes, so our processes and the reference's
+// exclude each other, and one on the directory, which keeps podwire's calls apart
+// even when the lock file is removed under them. It brings the index up to date
+// first and records the directory's state after f.
 func (s *Store) Do(ctx context.Context, f func(ipam.Tx) error) (err error) {
-	if err := os.MkdirAll(s.dir, 0o755); err != nil {
-		return ioError("creating the lease directory "+s.dir, err)
-	}
-	fd, err := unix.Open(filepath.Join(s.dir, lockName), unix.O_RDONLY|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+	l, err := s.lockDir(ctx)
 	if err != nil {
-		return ioError("opening the lock file in "+s.dir, err)
-	}
-	defer unix.Close(fd) // closing the descriptor also drops the flock
-	if err := lock(ctx, fd); err != nil {
 		return err
 	}
-	t := &tx{s: s, recs: map[string]*record{}}
+	defer l.close()
+	t := newTx(s, l)
+	defer t.close()
 	if err := t.begin(); err != nil {
 		t.abort()
 		return err
@@ -141,19 +141,6 @@ func (s *Store) Do(ctx context.Context, f func(ipam.Tx) error) (err error) {
 		return cerr
 	}
 	return ferr
-}
-
-// lock takes an exclusive flock on fd, giving up with code 11 when ctx ends first
-// (the runtime then retries; the caller closes fd).
-func lock(ctx context.Context, fd int) error {
-	err := cniplumb.Flock(ctx, fd)
-	switch {
-	case err == nil:
-		return nil
-	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
-		return cniplumb.TryAgain("the lease directory lock", err)
-	}
-	return ioError("locking the lease directory", err)
 }
 
 // ioError is a code-5 error naming what failed, with a hint for the two conditions an

@@ -5,9 +5,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -20,8 +20,11 @@ import (
 const (
 	stateName  = "state"
 	ownersName = "owners"
-	tmpName    = "lease.tmp"
-	probeName  = "probe.tmp"
+	// A call's staging file is stagingPrefix + random + stagingSuffix ("lease.tmp",
+	// which older podwire versions used, matches too).
+	stagingPrefix = "lease."
+	stagingSuffix = ".tmp"
+	probeName     = "probe.tmp"
 )
 
 // state is what the index knew about the lease directory at its last commit. When
@@ -128,22 +131,26 @@ func leaseIP(name string) net.IP {
 // change within the same mtime tick) — catchUp reads what changed.
 func (t *tx) begin() error {
 	s := t.s
-	b, err := os.ReadFile(filepath.Join(s.side, stateName))
-	if errors.Is(err, fs.ErrNotExist) {
-		for _, d := range []string{s.side, filepath.Join(s.side, ownersName), filepath.Join(s.side, spareDirName)} {
-			if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-				return ioError("creating the lease index "+d, err)
-			}
-		}
-	} else if err != nil {
+	var err error
+	if t.side, _, err = openDirAt(t.dir, sideDirName); err != nil {
+		return ioError("opening the lease index "+s.side, err)
+	}
+	// An owners directory that had to be made (removed, or a symlink in its place)
+	// lost every entry: rebuild.
+	var madeOwners bool
+	if t.owners, madeOwners, err = openDirAt(t.side, ownersName); err != nil {
+		return ioError("opening the lease index "+filepath.Join(s.side, ownersName), err)
+	}
+	// No state (or a symlink in its place, never read): rebuild.
+	b, _, err := readAt(t.side, stateName, 1<<20)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, errNotFile) {
 		return ioError("reading the lease index", err)
 	}
-	// A crashed call may have left its temporary lease; it is no lease.
-	if err := unix.Unlink(filepath.Join(s.side, tmpName)); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EROFS) {
-		return ioError("removing a stale temporary lease", err)
+	if err := t.removeStaleStaging(); err != nil {
+		return err
 	}
 	var st state
-	valid := err == nil && json.Unmarshal(b, &st) == nil && st.Version == 1 && st.Boot == s.boot
+	valid := err == nil && !madeOwners && json.Unmarshal(b, &st) == nil && st.Version == 1 && st.Boot == s.boot
 	fresh := valid
 	if fresh {
 		mt, err := t.dirMtime()
@@ -154,11 +161,11 @@ func (t *tx) begin() error {
 	}
 	if fresh {
 		for set, want := range st.Last {
-			got, err := os.ReadFile(filepath.Join(s.dir, lastIPPrefix+set))
-			if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			got, _, err := readAt(t.dir, lastIPPrefix+set, 64)
+			if err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, errNotFile) {
 				return ioError("reading "+lastIPPrefix+set, err)
 			}
-			if string(got) != want {
+			if err != nil || string(got) != want {
 				fresh = false
 				break
 			}
@@ -195,12 +202,7 @@ func (t *tx) catchUp(lastCommit int64) error {
 	if lastCommit > now+int64(time.Second) {
 		return t.rebuild()
 	}
-	dir, err := os.Open(s.dir)
-	if err != nil {
-		return ioError("listing the lease directory "+s.dir, err)
-	}
-	defer dir.Close()
-	names, err := dir.Readdirnames(-1)
+	names, err := listAt(t.dir)
 	if err != nil {
 		return ioError("listing the lease directory "+s.dir, err)
 	}
@@ -208,7 +210,7 @@ func (t *tx) catchUp(lastCommit int64) error {
 	t.last = map[string]string{}
 	for _, name := range names {
 		if set, ok := strings.CutPrefix(name, lastIPPrefix); ok {
-			if b, err := os.ReadFile(filepath.Join(s.dir, name)); err == nil {
+			if b, _, err := readAt(t.dir, name, 64); err == nil {
 				t.last[set] = string(b)
 			}
 			continue
@@ -217,7 +219,7 @@ func (t *tx) catchUp(lastCommit int64) error {
 			continue
 		}
 		var st unix.Stat_t
-		if err := unix.Fstatat(int(dir.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if err := unix.Fstatat(t.dir, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			if errors.Is(err, unix.ENOENT) {
 				continue
 			}
@@ -234,7 +236,7 @@ func (t *tx) catchUp(lastCommit int64) error {
 			continue
 		}
 		b, id, err := t.readLease(name)
-		if errors.Is(err, fs.ErrNotExist) {
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, errNotFile) {
 			continue
 		}
 		if err != nil {
@@ -272,7 +274,7 @@ func (t *tx) catchUp(lastCommit int64) error {
 
 func (t *tx) dirMtime() (int64, error) {
 	var st unix.Stat_t
-	if err := unix.Stat(t.s.dir, &st); err != nil {
+	if err := unix.Fstat(t.dir, &st); err != nil {
 		return 0, ioError("reading the lease directory "+t.s.dir, err)
 	}
 	return st.Mtim.Nano(), nil
@@ -283,30 +285,27 @@ func (t *tx) dirMtime() (int64, error) {
 // had not seen get the current boot (they cannot be proven older).
 func (t *tx) rebuild() error {
 	s := t.s
-	entries, err := os.ReadDir(s.dir)
+	names, err := listAt(t.dir)
 	if err != nil {
 		return ioError("listing the lease directory "+s.dir, err)
 	}
 	scanned := map[string]*record{}
 	t.recs = map[string]*record{}
 	t.last = map[string]string{}
-	for _, e := range entries {
-		name := e.Name()
+	for _, name := range names {
 		if set, ok := strings.CutPrefix(name, lastIPPrefix); ok {
-			b, err := os.ReadFile(filepath.Join(s.dir, name))
-			if err == nil {
+			if b, _, err := readAt(t.dir, name, 64); err == nil {
 				t.last[set] = string(b)
 			}
 			continue
 		}
-		ip := leaseIP(name)
-		if ip == nil || !e.Type().IsRegular() {
+		if leaseIP(name) == nil {
 			continue
 		}
 		b, id, err := t.readLease(name)
 		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				continue
+			if errors.Is(err, fs.ErrNotExist) || errors.Is(err, errNotFile) {
+				continue // an unreadable one (a symlink) is not followed
 			}
 			return err
 		}
@@ -323,21 +322,19 @@ func (t *tx) rebuild() error {
 		r.Leases = append(r.Leases, recLease{IP: name, Ino: id.ino, MtimeNs: id.mtime, Boot: s.boot})
 	}
 
-	owners := filepath.Join(s.side, ownersName)
-	existing, err := os.ReadDir(owners)
+	existing, err := listAt(t.owners)
 	if err != nil {
 		return ioError("listing the lease index", err)
 	}
-	for _, e := range existing {
-		k := e.Name()
+	for _, k := range existing {
 		if strings.HasPrefix(k, ".") {
-			_ = os.Remove(filepath.Join(owners, k)) // a crashed index write
+			_ = unix.Unlinkat(t.owners, k, 0) // a crashed index write
 			continue
 		}
 		old, _ := t.readRecord(k)
 		r := scanned[k]
 		if r == nil {
-			if err := os.Remove(filepath.Join(owners, k)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			if err := unix.Unlinkat(t.owners, k, 0); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EISDIR) {
 				return ioError("removing a stale index entry", err)
 			}
 			continue
@@ -387,15 +384,45 @@ func (t *tx) commit() error {
 		return err
 	}
 	b, _ := json.Marshal(state{Version: 1, Boot: t.s.boot, DirMtime: mt, Last: t.last})
-	return t.writeFile(filepath.Join(t.s.side, stateName), b, "saving the lease index state")
+	return t.writeFile(t.side, t.s.side, stateName, b, "saving the lease index state")
 }
 
 // abort puts an unplaced temporary lease back among the spares.
 func (t *tx) abort() {
 	if t.tmpReady {
-		_ = t.recycle(filepath.Join(t.s.side, tmpName))
+		_ = t.recycle(t.side, t.tmp)
 		t.tmpReady = false
 	}
+}
+
+// staleStagingAge is how old another call's staging file must be before a call that
+// does not hold the directory lock (see locked.exclusive) removes it; a live call
+// places its lease within milliseconds.
+const staleStagingAge = time.Minute
+
+// removeStaleStaging removes staging files left by crashed calls: they are no lease.
+// Holding the directory lock, every one is stale; without it, only old ones are.
+func (t *tx) removeStaleStaging() error {
+	names, err := listAt(t.side)
+	if err != nil {
+		return ioError("listing the lease index "+t.s.side, err)
+	}
+	for _, name := range names {
+		if !strings.HasPrefix(name, stagingPrefix) || !strings.HasSuffix(name, stagingSuffix) {
+			continue
+		}
+		if !t.lk.exclusive {
+			var st unix.Stat_t
+			// ctime, not mtime: a spare renamed into place keeps its old mtime.
+			if unix.Fstatat(t.side, name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil || time.Since(time.Unix(0, st.Ctim.Nano())) < staleStagingAge {
+				continue
+			}
+		}
+		// Best effort: a leftover that cannot be removed (read-only disk, a directory
+		// planted under that name) is no lease either.
+		_ = unix.Unlinkat(t.side, name, 0)
+	}
+	return nil
 }
 
 // record returns o's index entry, read once per transaction; nil when it has none.
@@ -424,7 +451,9 @@ func (t *tx) record(o ipam.Owner) (*record, error) {
 // readRecord reads owners/<k>: nil when there is none; corrupt when it exists but
 // does not parse.
 func (t *tx) readRecord(k string) (r *record, corrupt bool) {
-	b, err := os.ReadFile(filepath.Join(t.s.side, ownersName, k))
+	// A symlink in place of an entry is never read: corrupt, so the index is rebuilt
+	// (which replaces or removes it).
+	b, _, err := readAt(t.owners, k, 1<<20)
 	if err != nil {
 		return nil, !errors.Is(err, fs.ErrNotExist)
 	}
@@ -443,7 +472,7 @@ func (t *tx) saveRecord(r *record) error {
 			return nil // there is no file
 		}
 		t.recs[k] = nil
-		if err := t.recycle(filepath.Join(t.s.side, ownersName, k)); err != nil && !errors.Is(err, unix.ENOENT) {
+		if err := t.recycle(t.owners, k); err != nil && !errors.Is(err, unix.ENOENT) {
 			return ioError("removing the index entry of "+r.owner().String(), err)
 		}
 		return nil
@@ -454,40 +483,29 @@ func (t *tx) saveRecord(r *record) error {
 func (t *tx) writeRecord(k string, r *record) error {
 	if old, known := t.recs[k]; known && old == nil {
 		// A new entry: reuse a spare inode rather than allocate one.
-		t.takeSpare(filepath.Join(t.s.side, ownersName, k))
+		t.takeSpare(t.owners, k)
 	}
 	t.recs[k] = r
 	b, _ := json.Marshal(r)
-	return t.writeFile(filepath.Join(t.s.side, ownersName, k), b, "saving the index entry of "+r.owner().String())
+	return t.writeFile(t.owners, filepath.Join(t.s.side, ownersName), k, b, "saving the index entry of "+r.owner().String())
 }
 
-// writeFile rewrites path in place: write at offset 0, then cut the file to the new
-// length. Index files need neither a temporary file nor fsync: a crash that tears one
-// leaves a file that does not parse, which makes the next call rebuild the index from
-// the lease files (as does the new boot ID after a power cut). Not truncating to zero
-// first matters: ext4 flushes a file truncated to zero when it is closed
-// (auto_da_alloc), which made every call several times slower.
-func (t *tx) writeFile(path string, data []byte, what string) error {
-	if err := writeInPlace(path, data); err != nil {
-		return ioError(what, err)
+// writeFile rewrites the index file name in dir (at dirPath) in place (see writeAt).
+// Index files need neither a temporary file nor fsync: a crash that tears one leaves a
+// file that does not parse, which makes the next call rebuild the index from the lease
+// files (as does the new boot ID after a power cut).
+func (t *tx) writeFile(dir int, dirPath, name string, data []byte, what string) error {
+	if err := writeAt(dir, name, data); err != nil {
+		return ioError(what, inTheWay(err, filepath.Join(dirPath, name)))
 	}
 	return nil
 }
 
-func writeInPlace(path string, data []byte) error {
-	// O_NOFOLLOW: a symlink planted in the lease directory must not redirect a write
-	// outside it.
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
-	if err != nil {
-		return err
+// inTheWay adds the fix to the error of writing a file where a directory stands
+// (podwire never removes a directory it did not make).
+func inTheWay(err error, path string) error {
+	if errors.Is(err, unix.EISDIR) {
+		return fmt.Errorf("%w: %s is a directory; remove it, and podwire writes its file there", err, path)
 	}
-	if _, err := f.WriteAt(data, 0); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Truncate(int64(len(data))); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return err
 }

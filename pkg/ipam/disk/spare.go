@@ -1,10 +1,8 @@
 package disk
 
 import (
-	"errors"
-	"os"
-	"path/filepath"
 	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -21,15 +19,33 @@ const (
 	maxSpares    = 16
 )
 
-// spareNames lists .podwire/spare once per transaction.
+// spareDir is the descriptor of .podwire/spare, opened (and made, if missing) on
+// first use; -2 when it cannot be, and then nothing is recycled.
+func (t *tx) spareDir() int {
+	if t.spare == -1 {
+		fd, _, err := openDirAt(t.side, spareDirName)
+		if err != nil {
+			fd = -2
+		}
+		t.spare = fd
+	}
+	return t.spare
+}
+
+// spareNames lists .podwire/spare once per transaction. Names starting with "." are
+// spares being emptied by a call (see recycle): never taken, and removed as crash
+// leftovers by a call holding the directory lock.
 func (t *tx) spareNames() []string {
 	if t.spares == nil {
 		t.spares = []string{}
-		ents, err := os.ReadDir(filepath.Join(t.s.side, spareDirName))
-		if err == nil {
-			for _, e := range ents {
-				if e.Type().IsRegular() {
-					t.spares = append(t.spares, e.Name())
+		if sd := t.spareDir(); sd >= 0 {
+			names, _ := listAt(sd)
+			for _, n := range names {
+				switch {
+				case !strings.HasPrefix(n, "."):
+					t.spares = append(t.spares, n)
+				case t.lk.exclusive:
+					_ = unix.Unlinkat(sd, n, 0)
 				}
 			}
 		}
@@ -37,27 +53,30 @@ func (t *tx) spareNames() []string {
 	return t.spares
 }
 
-// takeSpare moves a spare inode to dst (which must not exist) and reports whether
-// it did.
-func (t *tx) takeSpare(dst string) bool {
+// takeSpare moves a spare inode to name in dir (which must not exist) and reports
+// whether it did. The caller opens it with createAt, which replaces anything but a
+// regular file, so a symlink planted among the spares is never written through.
+func (t *tx) takeSpare(dir int, name string) bool {
 	for len(t.spareNames()) > 0 {
 		n := len(t.spares) - 1
-		name := t.spares[n]
+		spare := t.spares[n]
 		t.spares = t.spares[:n]
-		if renameNoReplace(filepath.Join(t.s.side, spareDirName, name), dst) == nil {
+		if renameNoReplace(t.spareDir(), spare, dir, name) == nil {
 			return true
 		}
 	}
 	return false
 }
 
-// recycle removes path from its directory by moving it to the spare pool (or
-// unlinking it when the pool is full). A file that is already gone is ENOENT, as from
+// recycle removes name from dir by moving it to the spare pool (or unlinking it when
+// the pool is full or unusable). A file that is already gone is ENOENT, as from
 // unlink. The spare is emptied, so a released lease's content lingers nowhere (the
-// reference's CHECK walks subdirectories too).
-func (t *tx) recycle(path string) error {
+// reference's CHECK walks subdirectories too). It is emptied under a name of this
+// call's own and only then given its slot: truncating it under its slot could empty
+// a lease that a concurrent call took from the pool and placed in the meantime.
+func (t *tx) recycle(dir int, name string) error {
 	names := t.spareNames()
-	if len(names) < maxSpares {
+	if sd := t.spareDir(); sd >= 0 && len(names) < maxSpares {
 		used := map[string]bool{}
 		for _, n := range names {
 			used[n] = true
@@ -66,35 +85,27 @@ func (t *tx) recycle(path string) error {
 		for used[strconv.Itoa(slot)] {
 			slot++
 		}
-		dir := filepath.Join(t.s.side, spareDirName)
-		dst := filepath.Join(dir, strconv.Itoa(slot))
-		err := renameNoReplace(path, dst)
-		if errors.Is(err, unix.ENOENT) {
-			if _, serr := os.Lstat(path); serr != nil {
-				return unix.ENOENT
+		private := "." + t.tmpName()
+		if renameNoReplace(dir, name, sd, private) == nil {
+			if emptySpare(sd, private) == nil && renameNoReplace(sd, private, sd, strconv.Itoa(slot)) == nil {
+				t.spares = append(t.spares, strconv.Itoa(slot))
+			} else {
+				// Not a regular file after all, or the slot taken by a concurrent call.
+				_ = unix.Unlinkat(sd, private, 0)
 			}
-			// The spare directory is missing (an index made by an older podwire).
-			if os.Mkdir(dir, 0o700) == nil {
-				err = renameNoReplace(path, dst)
-			}
-		}
-		if err == nil {
-			t.spares = append(t.spares, strconv.Itoa(slot))
-			_ = unix.Truncate(dst, 0)
 			return nil
 		}
+		// Gone (ENOENT), or a concurrent call's: unlink says which.
 	}
-	return unix.Unlink(path)
+	return unix.Unlinkat(dir, name, 0)
 }
 
-// renameNoReplace is rename(2) that fails with EEXIST when dst exists. Filesystems
-// without renameat2 flags get link(2)+unlink(2), which has the same guarantee.
-func renameNoReplace(src, dst string) error {
-	err := unix.Renameat2(unix.AT_FDCWD, src, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE)
-	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
-		if err = unix.Link(src, dst); err == nil {
-			_ = unix.Unlink(src)
-		}
+// emptySpare truncates a spare to zero length through a no-follow open.
+func emptySpare(sd int, name string) error {
+	fd, _, err := openAt(sd, name, unix.O_WRONLY)
+	if err != nil {
+		return err
 	}
-	return err
+	defer unix.Close(fd)
+	return unix.Ftruncate(fd, 0)
 }

@@ -1,13 +1,12 @@
 package disk
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"net"
-	"os"
-	"path/filepath"
 	"strconv"
 	"time"
 
@@ -16,9 +15,15 @@ import (
 	"github.com/podwire/podwire/pkg/ipam"
 )
 
-// tx is one locked operation on the store.
+// tx is one locked operation on the store. It reaches every file through a
+// descriptor of its directory and one name, never following a symlink (see fs.go).
 type tx struct {
 	s          *Store
+	lk         *locked            // the network directory and lock file, locked by Do
+	dir        int                // the network directory (lk.dir)
+	side       int                // .podwire, opened by begin (-1 before)
+	owners     int                // .podwire/owners, opened by begin (-1 before)
+	spare      int                // .podwire/spare: -1 until first needed, -2 if unusable
 	recs       map[string]*record // index entries read or written so far; nil = none
 	last       map[string]string  // last_reserved_ip.<set> contents
 	stateDirty bool               // the index was rebuilt
@@ -27,45 +32,61 @@ type tx struct {
 
 	spares []string // names in .podwire/spare; nil until listed
 
-	tmpReady bool // lease.tmp holds tmpOwner's lease, written, not yet placed
+	// tmp is this call's staging file in .podwire, lease.<random>.tmp ("" until first
+	// needed). It is private to the call: concurrent calls (ours, or an older podwire
+	// whose lock file was removed) never write into each other's.
+	tmp      string
+	tmpReady bool // tmp holds tmpOwner's lease, written, not yet placed
 	tmpOwner ipam.Owner
 	tmpID    ident
 }
 
 var _ ipam.Tx = (*tx)(nil)
 
-func (t *tx) leasePath(name string) string { return filepath.Join(t.s.dir, name) }
+func newTx(s *Store, lk *locked) *tx {
+	return &tx{s: s, lk: lk, dir: lk.dir, side: -1, owners: -1, spare: -1, recs: map[string]*record{}}
+}
 
-// readLease reads the lease file name, refusing to follow a symlink planted in its
-// place.
-func (t *tx) readLease(name string) ([]byte, ident, error) {
-	fd, err := unix.Open(t.leasePath(name), unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
-	if err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return nil, ident{}, fs.ErrNotExist
+// close releases the descriptors the transaction opened (not lk's).
+func (t *tx) close() {
+	for _, fd := range []int{t.side, t.owners, t.spare} {
+		if fd >= 0 {
+			unix.Close(fd)
 		}
-		return nil, ident{}, ioError("reading lease "+name, err)
 	}
-	f := os.NewFile(uintptr(fd), name)
-	defer f.Close()
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, ident{}, ioError("reading lease "+name, err)
+}
+
+// tmpName is this call's staging file's name in .podwire.
+func (t *tx) tmpName() string {
+	if t.tmp == "" {
+		var b [8]byte
+		_, _ = rand.Read(b[:]) // never fails on Linux (getrandom)
+		t.tmp = stagingPrefix + hex.EncodeToString(b[:]) + stagingSuffix
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return nil, ident{}, ioError("reading lease "+name, fmt.Errorf("not a regular file"))
+	return t.tmp
+}
+
+// readLease reads the lease file name: fs.ErrNotExist when there is none, errNotFile
+// when something other than a regular file (a symlink...) stands in its place, which
+// is never followed.
+func (t *tx) readLease(name string) ([]byte, ident, error) {
+	// A lease is a container ID and an interface name; 4 KiB is plenty.
+	b, st, err := readAt(t.dir, name, 4096)
+	switch {
+	case err == nil:
+		return b, identOf(st), nil
+	case errors.Is(err, fs.ErrNotExist), errors.Is(err, errNotFile):
+		return nil, ident{}, err
 	}
-	// A lease is a container ID and an interface name; bound the read so a huge
-	// planted file cannot exhaust memory.
-	b, err := io.ReadAll(io.LimitReader(f, 4096))
-	if err != nil {
-		return nil, ident{}, ioError("reading lease "+name, err)
-	}
-	return b, identOf(&st), nil
+	return nil, ident{}, ioError("reading lease "+name, err)
 }
 
 // verified returns the leases of r whose files still name r's owner, and drops the
-// others from the index (released or re-leased behind podwire's back).
+// others from the index (released or re-leased behind podwire's back). An entry whose
+// file was replaced by something else (a symlink: whose it is cannot be read without
+// following it) is kept and reported Unreadable: the index is the only evidence left
+// of whose the address is, so DEL removes the thing, a repeated ADD writes the lease
+// again (Renew) and GC keeps it while the attachment is valid.
 func (t *tx) verified(r *record) ([]ipam.Lease, error) {
 	if r == nil {
 		return nil, nil
@@ -74,10 +95,17 @@ func (t *tx) verified(r *record) ([]ipam.Lease, error) {
 	kept := r.Leases[:0:0]
 	for _, rl := range r.Leases {
 		b, id, err := t.readLease(rl.IP)
-		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		switch {
+		case errors.Is(err, errNotFile):
+			kept = append(kept, rl)
+			out = append(out, ipam.Lease{IP: leaseIP(rl.IP), Owner: r.owner(), Unreadable: true})
+			continue
+		case errors.Is(err, fs.ErrNotExist):
+			continue
+		case err != nil:
 			return nil, err
 		}
-		if o, ok := parseLease(b); err != nil || !ok || o != r.owner() {
+		if o, ok := parseLease(b); !ok || o != r.owner() {
 			continue
 		}
 		kept = append(kept, rl)
@@ -112,6 +140,9 @@ func (t *tx) Leases(o ipam.Owner) ([]ipam.Lease, error) {
 	return t.verified(r)
 }
 
+// Renew marks o's index entries as made in this boot, and writes o's lease again
+// where something other than a lease file (a symlink) was put in its place, so that
+// the reference, which follows symlinks, reads o's lease there again too.
 func (t *tx) Renew(o ipam.Owner) error {
 	r, err := t.record(o)
 	if r == nil || err != nil {
@@ -121,9 +152,19 @@ func (t *tx) Renew(o ipam.Owner) error {
 	nr.Leases = append([]recLease(nil), r.Leases...)
 	changed := false
 	for i := range nr.Leases {
-		if nr.Leases[i].Boot != t.s.boot {
-			nr.Leases[i].Boot = t.s.boot
-			changed = true
+		rl := &nr.Leases[i]
+		var st unix.Stat_t
+		if err := unix.Fstatat(t.dir, rl.IP, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil && st.Mode&unix.S_IFMT != unix.S_IFREG {
+			id, placed, err := t.rewrite(o, rl.IP)
+			if err != nil {
+				return err
+			}
+			if placed {
+				rl.Ino, rl.MtimeNs, rl.Boot, changed = id.ino, id.mtime, t.s.boot, true
+			}
+		}
+		if rl.Boot != t.s.boot {
+			rl.Boot, changed = t.s.boot, true
 		}
 	}
 	if !changed {
@@ -135,10 +176,12 @@ func (t *tx) Renew(o ipam.Owner) error {
 func (t *tx) Holder(ip net.IP) (ipam.Lease, bool, error) {
 	name := ip.String()
 	b, id, err := t.readLease(name)
-	if errors.Is(err, fs.ErrNotExist) {
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
 		return ipam.Lease{}, false, nil
-	}
-	if err != nil {
+	case errors.Is(err, errNotFile):
+		return ipam.Lease{IP: leaseIP(name), Unreadable: true}, true, nil
+	case err != nil:
 		return ipam.Lease{}, false, err
 	}
 	l, err := t.lease(name, b, id)
@@ -169,166 +212,10 @@ func (t *tx) stale(mtimeNs int64) bool {
 	return t.s.now().Sub(time.Unix(0, mtimeNs)) > t.s.grace
 }
 
-// Reserve places a lease on ip for o. The lease is first written completely to
-// .podwire/lease.tmp, then renamed to its name with RENAME_NOREPLACE (link(2) where
-// that is missing), which fails if the name exists: a crash of the process at any
-// point leaves no lease or a complete one, never an empty file. The lease is not
-// fsync'ed, as the reference's are not: only a power cut or kernel crash can lose its
-// content, and then every pod died with the node, so no lease from before it is
-// needed; an empty lease file it may leave is a broken lease, which allocation removes
-// when it reaches it (after BrokenGrace) and GC removes too. The index entry is
-// written before the lease is placed, so after a crash it may name a lease that does
-// not exist (verification drops it), never miss one that does.
-func (t *tx) Reserve(o ipam.Owner, ip net.IP, set int) (bool, error) {
-	name := ip.String()
-	path := t.leasePath(name)
-	if free, err := t.probe(name); err != nil || !free {
-		return false, err
-	}
-	if err := t.prepareTmp(o); err != nil {
-		return false, err
-	}
-	r, err := t.record(o)
-	if err != nil {
-		return false, err
-	}
-	nr := record{ContainerID: o.ContainerID, IfName: o.IfName}
-	if r != nil {
-		nr.Leases = append(nr.Leases, r.Leases...)
-	}
-	nr.drop(name)
-	nr.Leases = append(nr.Leases, recLease{IP: name, Ino: t.tmpID.ino, MtimeNs: t.tmpID.mtime, Boot: t.s.boot})
-	if err := t.saveRecord(&nr); err != nil {
-		return false, err
-	}
-	undoRecord := func() {
-		if r != nil {
-			_ = t.saveRecord(r)
-		} else {
-			_ = t.saveRecord(&record{ContainerID: o.ContainerID, IfName: o.IfName})
-		}
-	}
-	if err := renameNoReplace(filepath.Join(t.s.side, tmpName), path); err != nil {
-		undoRecord()
-		if errors.Is(err, unix.EEXIST) {
-			return false, nil // someone who does not take the lock got there first
-		}
-		return false, ioError("placing lease "+name+" in "+t.s.dir, err)
-	}
-	t.tmpReady = false
-	t.changedDir = true
-
-	setKey := strconv.Itoa(set)
-	if err := t.writeLast(setKey, name); err != nil {
-		_ = unix.Unlink(path)
-		undoRecord()
-		return false, err
-	}
-	return true, nil
-}
-
-// probe reports whether name is free, removing a broken lease file in its way.
-func (t *tx) probe(name string) (bool, error) {
-	var st unix.Stat_t
-	err := unix.Lstat(t.leasePath(name), &st)
-	if errors.Is(err, unix.ENOENT) {
-		return true, nil
-	}
-	if err != nil {
-		return false, ioError("checking lease "+name, err)
-	}
-	// Only a file too short to hold "<id>\r\n<ifname>" can be an empty or
-	// whitespace-only one; skipping the read for the others keeps a walk over taken
-	// addresses at one lstat per address.
-	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size >= 4 {
-		return false, nil
-	}
-	b, id, err := t.readLease(name)
-	if errors.Is(err, fs.ErrNotExist) {
-		return true, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	if _, ok := parseLease(b); ok || !t.stale(id.mtime) {
-		return false, nil
-	}
-	if err := t.recycle(t.leasePath(name)); err != nil && !errors.Is(err, unix.ENOENT) {
-		return false, ioError("removing broken (empty) lease "+name, err)
-	}
-	t.changedDir = true
-	return true, nil
-}
-
-// prepareTmp writes o's lease content to .podwire/lease.tmp (a spare inode if there
-// is one), unless it is already there. On failure (disk full,
-// read-only) nothing is left behind.
-func (t *tx) prepareTmp(o ipam.Owner) error {
-	if t.tmpReady && t.tmpOwner == o {
-		return nil
-	}
-	t.abort()
-	path := filepath.Join(t.s.side, tmpName)
-	_ = unix.Unlink(path)
-	flags := os.O_WRONLY | os.O_CREATE | os.O_EXCL
-	if t.takeSpare(path) {
-		flags = os.O_WRONLY | unix.O_NOFOLLOW
-	}
-	f, err := os.OpenFile(path, flags, 0o600)
-	if err != nil {
-		_ = unix.Unlink(path)
-		return ioError("writing a lease in "+t.s.dir, err)
-	}
-	fail := func(err error) error {
-		f.Close()
-		_ = unix.Unlink(path)
-		return ioError("writing a lease in "+t.s.dir, err)
-	}
-	content := leaseContent(o)
-	if _, err := f.WriteAt([]byte(content), 0); err != nil {
-		return fail(err)
-	}
-	if err := f.Truncate(int64(len(content))); err != nil {
-		return fail(err)
-	}
-	if err := f.Chmod(0o600); err != nil {
-		return fail(err)
-	}
-	// No fsync (it cost 1-3 ms per ADD on a disk-backed dataDir): see Reserve.
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return fail(err)
-	}
-	if err := f.Close(); err != nil {
-		_ = unix.Unlink(path)
-		return ioError("writing a lease in "+t.s.dir, err)
-	}
-	t.tmpReady, t.tmpOwner, t.tmpID = true, o, identOf(&st)
-	return nil
-}
-
-// writeLast rewrites last_reserved_ip.<set> in place, as the reference does (a crash
-// in between leaves a wrong start for round-robin at worst; the reference's own
-// truncate-then-write leaves an empty file).
-func (t *tx) writeLast(set, ip string) error {
-	path := t.leasePath(lastIPPrefix + set)
-	if _, ok := t.last[set]; !ok {
-		t.changedDir = true // created, most likely
-	}
-	if err := writeInPlace(path, []byte(ip)); err != nil {
-		return ioError("recording the last reserved address in "+path, err)
-	}
-	if t.last == nil {
-		t.last = map[string]string{}
-	}
-	t.last[set] = ip
-	return nil
-}
-
 func (t *tx) LastReserved(set int) (net.IP, error) {
-	b, err := os.ReadFile(t.leasePath(lastIPPrefix + strconv.Itoa(set)))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
+	b, _, err := readAt(t.dir, lastIPPrefix+strconv.Itoa(set), 64)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, errNotFile) {
+		return nil, nil // a symlink there is never read (ADD replaces it)
 	}
 	if err != nil {
 		return nil, ioError("reading the last reserved address", err)
@@ -337,87 +224,34 @@ func (t *tx) LastReserved(set int) (net.IP, error) {
 	return leaseIP(string(b)), nil
 }
 
-func (t *tx) Release(o ipam.Owner) error {
-	ls, err := t.Leases(o)
-	if err != nil || len(ls) == 0 {
-		return err
-	}
-	owner := ls[0].Owner // o, or its legacy form
-	var errs []error
-	r, err := t.record(owner)
-	if err != nil || r == nil {
-		return err
-	}
-	nr := *r
-	nr.Leases = append([]recLease(nil), r.Leases...)
-	for _, l := range ls {
-		name := l.IP.String()
-		if err := t.recycle(t.leasePath(name)); err != nil && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, ioError("removing lease "+name, err))
-			continue
-		}
-		t.changedDir = true
-		nr.drop(name)
-	}
-	if err := t.saveRecord(&nr); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
-}
-
-func (t *tx) ReleaseIP(ip net.IP, o ipam.Owner) error {
-	name := ip.String()
-	b, id, err := t.readLease(name)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	if err == nil {
-		got, ok := parseLease(b)
-		switch {
-		case o == (ipam.Owner{}) && (ok || !t.stale(id.mtime)):
-			return nil // not broken (any more)
-		case o != (ipam.Owner{}) && got != o:
-			return nil // someone else's now
-		}
-		if err := t.recycle(t.leasePath(name)); err != nil && !errors.Is(err, unix.ENOENT) {
-			return ioError("removing lease "+name, err)
-		}
-		t.changedDir = true
-	}
-	if o == (ipam.Owner{}) {
-		return nil
-	}
-	r, err := t.record(o)
-	if err != nil {
-		return err
-	}
-	if r != nil && r.find(name) >= 0 {
-		nr := *r
-		nr.Leases = append([]recLease(nil), r.Leases...)
-		nr.drop(name)
-		return t.saveRecord(&nr)
-	}
-	return nil
-}
-
+// All lists every lease file of the network directory. A name holding something
+// other than a regular file (a symlink...) is listed Unreadable; a directory is not
+// listed (it is not a lease file, and not podwire's to remove).
 func (t *tx) All() ([]ipam.Lease, error) {
-	entries, err := os.ReadDir(t.s.dir)
+	names, err := listAt(t.dir)
 	if err != nil {
 		return nil, ioError("listing the lease directory "+t.s.dir, err)
 	}
 	var out []ipam.Lease
-	for _, e := range entries {
-		if leaseIP(e.Name()) == nil || !e.Type().IsRegular() {
+	for _, name := range names {
+		ip := leaseIP(name)
+		if ip == nil {
 			continue
 		}
-		b, id, err := t.readLease(e.Name())
-		if errors.Is(err, fs.ErrNotExist) {
+		b, id, err := t.readLease(name)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
 			continue
-		}
-		if err != nil {
+		case errors.Is(err, errNotFile):
+			var st unix.Stat_t
+			if unix.Fstatat(t.dir, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT != unix.S_IFDIR {
+				out = append(out, ipam.Lease{IP: ip, Unreadable: true})
+			}
+			continue
+		case err != nil:
 			return nil, err
 		}
-		l, err := t.lease(e.Name(), b, id)
+		l, err := t.lease(name, b, id)
 		if err != nil {
 			return nil, err
 		}
@@ -428,8 +262,7 @@ func (t *tx) All() ([]ipam.Lease, error) {
 
 // Writable writes, fsyncs and removes a probe file next to the index.
 func (t *tx) Writable() error {
-	path := filepath.Join(t.s.side, probeName)
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	f, _, err := createAt(t.side, probeName, unix.O_WRONLY|unix.O_TRUNC)
 	if err != nil {
 		return fmt.Errorf("creating a file in %s: %w", t.s.side, err)
 	}
@@ -438,7 +271,7 @@ func (t *tx) Writable() error {
 		werr = f.Sync()
 	}
 	f.Close()
-	_ = unix.Unlink(path)
+	_ = unix.Unlinkat(t.side, probeName, 0)
 	if werr != nil {
 		return fmt.Errorf("writing a file in %s: %w", t.s.side, werr)
 	}
