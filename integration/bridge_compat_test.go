@@ -41,7 +41,7 @@ func referencePlugins(t *testing.T) string {
 			"github.com/containernetworking/plugins/plugins/ipam/host-local@v1.10.0")
 		cmd.Env = append(os.Environ(), "GOBIN="+dir, "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Skipf("cannot install the reference bridge and host-local v1.10.0 (needed to prove drop-in compatibility): %v\n%s", err, out)
+			nstest.Missing(t, "cannot install the reference bridge and host-local v1.10.0 (needed to prove drop-in compatibility): %v\n%s", err, out)
 		}
 	}
 	// Only these two: the reference dir may hold other reference plugins.
@@ -344,7 +344,7 @@ func TestBridgeCompatLegacyIPTables(t *testing.T) {
 		}
 		legacy, err := exec.LookPath(name)
 		if err != nil {
-			t.Skipf("%s is not installed: %v", name, err)
+			nstest.Missing(t, "%s is not installed: %v", name, err)
 		}
 		if err := os.Symlink(legacy, filepath.Join(bin, tool)); err != nil {
 			t.Fatal(err)

@@ -78,7 +78,7 @@ func TestPortmapLegacyIPTables(t *testing.T) {
 		for _, suffix := range []string{"", "-restore", "-save"} {
 			legacy, err := exec.LookPath(fam + "-legacy" + suffix)
 			if err != nil {
-				t.Skipf("iptables-legacy is not installed: %v", err)
+				nstest.Missing(t, "iptables-legacy is not installed: %v", err)
 			}
 			if err := os.Symlink(legacy, filepath.Join(dir, fam+suffix)); err != nil {
 				t.Fatal(err)

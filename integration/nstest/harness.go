@@ -39,6 +39,18 @@ func RequireRoot(t testing.TB) {
 	}
 }
 
+// Missing reports a tool or reference binary the test needs but cannot have: a skip
+// on a developer's machine, a failure under CI=true, where .ci/run installs everything
+// (a missing tool there is a broken CI script, and tests proving compatibility with
+// the reference must never quietly not run).
+func Missing(t testing.TB, format string, a ...any) {
+	t.Helper()
+	if os.Getenv("CI") != "" {
+		t.Fatalf(format, a...)
+	}
+	t.Skipf(format, a...)
+}
+
 // New builds the plugins (once), creates the host netns and registers cleanup.
 func New(t testing.TB) *H {
 	t.Helper()
