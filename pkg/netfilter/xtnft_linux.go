@@ -102,8 +102,7 @@ func (d *xtDirect) nfFamily() byte {
 }
 
 // conn returns the process's socket, opened on first use and kept until the process
-// exits (DetachSockets hands it to a child then, so the exit does not wait for the
-// kernel to free deleted rules).
+// exits.
 // A socket belongs to the network namespace it was opened in: a caller that moved to
 // another one (a test, a plugin working inside a pod's) gets a new socket.
 func (d *xtDirect) conn() (*nfnl, error) {

@@ -7,13 +7,9 @@ import (
 	"github.com/podwire/podwire/pkg/cniplumb"
 	"github.com/podwire/podwire/pkg/delegate"
 	"github.com/podwire/podwire/pkg/ipam/hostlocal"
-	"github.com/podwire/podwire/pkg/link"
-	"github.com/podwire/podwire/pkg/netfilter"
 )
 
 func main() {
-	link.RunHelper()            // DEL's detached veth deletion (link.DeleteDetached)
-	netfilter.RunSocketHolder() // DEL's socket-holding child (netfilter.DetachSockets)
 	cniplumb.Main("bridge", cniplumb.Verbs{Add: add, Del: del, Check: check, GC: gc, Status: status})
 }
 

@@ -56,10 +56,9 @@ func del(ctx context.Context, in *cniplumb.Input) error {
 		})
 	}
 	if in.Netns != "" {
-		// Deleting the pod interface deletes its host peer too. DEL returns once both
-		// have left their namespaces; a forked child waits out the kernel's freeing.
+		// Deleting the pod interface deletes its host peer too.
 		step(func() error {
-			err := link.DeleteDetached(in.Netns, in.IfName)
+			err := link.DeleteIn(in.Netns, in.IfName)
 			if err != nil && !errors.Is(err, fs.ErrNotExist) {
 				return fmt.Errorf("deleting %s in %s: %w", in.IfName, in.Netns, err)
 			}
@@ -78,9 +77,6 @@ func del(ctx context.Context, in *cniplumb.Input) error {
 	for _, ch := range steps {
 		errs = append(errs, <-ch)
 	}
-	// Closing an nf_tables socket that deleted rules waits for the kernel to free them
-	// (~7 ms); a child holds the sockets until that is over.
-	netfilter.DetachSockets()
 	return errors.Join(errs...)
 }
 

@@ -10,7 +10,6 @@ import (
 )
 
 func main() {
-	netfilter.RunSocketHolder() // the child of netfilter.DetachSockets, when it is one
 	pm := &portmap{
 		open:       netfilter.OpenHostPorts,
 		probe:      netfilter.ProbeHost,
@@ -19,7 +18,6 @@ func main() {
 		localnet:   localnet{dir: defaultStateDir, proc: "/proc/sys/net/ipv4/conf"},
 		flushUDP:   flushUDP,
 		logf:       stderrf,
-		detach:     netfilter.DetachSockets,
 	}
 	cniplumb.Main("portmap", cniplumb.Verbs{Add: pm.add, Del: pm.del, Check: pm.check, GC: pm.gc, Status: pm.status})
 }

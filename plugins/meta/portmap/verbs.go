@@ -25,9 +25,6 @@ type portmap struct {
 	localnet localnetUsers
 	flushUDP func(ipv6 bool, ports []uint16) error
 	logf     func(format string, a ...any)
-	// detach hands the process's nfnetlink sockets to a short-lived child, so exiting
-	// does not wait for the kernel to free deleted rules (netfilter.DetachSockets).
-	detach func()
 }
 
 func stderrf(format string, a ...any) { fmt.Fprintf(os.Stderr, "portmap: "+format+"\n", a...) }
@@ -205,17 +202,7 @@ func (pm *portmap) del(ctx context.Context, in *cniplumb.Input) error {
 			return err
 		}
 		pm.flush(m)
-		if err := pm.state.remove(owner); err != nil {
-			return err
-		}
-		if len(m.UDP4)+len(m.UDP6) == 0 {
-			// With a UDP flush the conntrack socket has already waited for the
-			// grace period; otherwise let a child wait for it instead of the runtime
-			// (nftables, and iptables-nft on the direct path; without nfnetlink
-			// sockets this does nothing).
-			pm.detach()
-		}
-		return nil
+		return pm.state.remove(owner)
 	}
 	tc := parseTeardownConf(in.Stdin)
 	if !tc.HasMappings {

@@ -29,7 +29,6 @@ type world struct {
 	flushed  []string
 	localnet []netip.Addr
 	failLoc  error
-	detached int
 	proc     string
 	stateDir string
 }
@@ -71,7 +70,6 @@ func newWorld(t *testing.T) *world {
 		},
 		localnet: localnet{dir: w.stateDir, proc: w.proc},
 		logf:     t.Logf,
-		detach:   func() { w.detached++ },
 	}
 	return w
 }
@@ -418,33 +416,6 @@ func TestMarkerRoundTrip(t *testing.T) {
 	}
 	if err := d.remove(owner1); err != nil {
 		t.Errorf("second remove: %v", err)
-	}
-}
-
-// DEL hands its nfnetlink sockets to a child after a removal without a UDP flush (the
-// flush's own socket has waited for the grace period already), on either backend (the
-// iptables backend has nfnetlink sockets on the direct iptables-nft path).
-func TestDelDetach(t *testing.T) {
-	ctx := context.Background()
-	for _, tc := range []struct {
-		extra, mappings string
-		want            int
-	}{
-		{`,"backend":"nftables"`, tcpMapping, 1},
-		{`,"backend":"nftables"`, bothMapping, 0},
-		{`,"backend":"iptables"`, tcpMapping, 1},
-		{`,"backend":"iptables"`, bothMapping, 0},
-	} {
-		w := newWorld(t)
-		if _, err := w.pm.add(ctx, input("ADD", owner1, tc.extra, tc.mappings, dualStack())); err != nil {
-			t.Fatal(err)
-		}
-		if err := w.pm.del(ctx, input("DEL", owner1, "", "", nil)); err != nil {
-			t.Fatal(err)
-		}
-		if w.detached != tc.want {
-			t.Errorf("%s %s: detached %d times, want %d", tc.extra, tc.mappings, w.detached, tc.want)
-		}
 	}
 }
 
