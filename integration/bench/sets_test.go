@@ -87,7 +87,8 @@ func referenceSet(t testing.TB) *set {
 }
 
 // floorSet builds the no-op plugin and links it under every plugin name, so a chain of
-// the same shape measures only process starts. It also returns a directory holding the
+// the same shape measures only the runtime's own cost: one process start per plugin in
+// the conflist (the floor's bridge starts no host-local). It also returns a directory holding the
 // no-op as "bench-noop", which every set gets on its CNI_PATH (a first plugin that
 // hands a fixed result to a chained plugin measured alone), and the rsswrap binary.
 func floorSet(t testing.TB) (floor *set, helpers, rsswrap string) {

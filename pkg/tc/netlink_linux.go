@@ -10,16 +10,12 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
-
-	"github.com/podwire/podwire/pkg/link"
 )
 
 // Netlink is the kernel Backend. It works in the network namespace of the handle it was
 // given (the calling thread's for a zero handle).
 type Netlink struct {
 	h *netlink.Handle
-	// detach deletes IFBs through link.DeleteDetached (see NewDetachingNetlink).
-	detach bool
 }
 
 var _ Backend = (*Netlink)(nil)
@@ -50,15 +46,6 @@ func routeHandle() *netlink.Handle {
 
 // Close releases the backend's socket (and with it the hold on its namespace).
 func (n *Netlink) Close() { n.h.Close() }
-
-// NewDetachingNetlink is NewNetlink(nil) whose Remove returns once an IFB has left the
-// namespace and leaves the kernel's wait for its memory (~15 ms) to a helper process
-// (link.DeleteDetached; the plugin's main must call link.RunHelper first).
-func NewDetachingNetlink() *Netlink {
-	n := NewNetlink(nil)
-	n.detach = true
-	return n
-}
 
 // ingressHook is the ffff: handle both the ingress and the clsact qdisc use.
 const ingressHook = 0xffff0000
@@ -315,9 +302,7 @@ func (n *Netlink) Remove(_ context.Context, r Removal) error {
 // removeEgress removes podwire's redirects from dev (nil: gone), then the IFBs, once
 // nothing redirects into them any more. It keeps going after errors. found reports a
 // redirect into one of the IFBs on dev; byPrio also takes any redirect at FilterPrio
-// as podwire's. With detached deletions and byPrio (a redirect is then recognized
-// without the IFB's index), the IFBs' deletion runs while the redirects go: a
-// redirect into a deleted IFB just drops until it is removed, and DEL wants both gone.
+// as podwire's.
 func (n *Netlink) removeEgress(dev netlink.Link, names []string, byPrio bool) (found bool, _ error) {
 	var errs []error
 	targets := map[int]bool{}
@@ -333,35 +318,16 @@ func (n *Netlink) removeEgress(dev netlink.Link, names []string, byPrio bool) (f
 			ifbs = append(ifbs, l)
 		}
 	}
-	deleteIFBs := func() []error {
-		var errs []error
-		for _, l := range ifbs {
-			var err error
-			if n.detach {
-				err = link.DeleteDetached("", l.Attrs().Name)
-			} else if err = n.h.LinkDel(l); isNotFound(err) {
-				err = nil
-			}
-			if err != nil {
-				errs = append(errs, fmt.Errorf("deleting IFB %s: %w", l.Attrs().Name, err))
-			}
-		}
-		return errs
-	}
-	var deleted chan []error
-	if n.detach && byPrio && dev != nil {
-		deleted = make(chan []error, 1)
-		go func() { deleted <- deleteIFBs() }()
-	}
 	if dev != nil {
 		var rerrs []error
 		found, rerrs = n.removeRedirects(dev, targets, byPrio)
 		errs = append(errs, rerrs...)
 	}
-	if deleted != nil {
-		errs = append(errs, <-deleted...)
-	} else {
-		errs = append(errs, deleteIFBs()...)
+	// The redirects go first: a packet redirected into a deleted IFB is dropped.
+	for _, l := range ifbs {
+		if err := n.h.LinkDel(l); err != nil && !isNotFound(err) {
+			errs = append(errs, fmt.Errorf("deleting IFB %s: %w", l.Attrs().Name, err))
+		}
 	}
 	return found, errors.Join(errs...)
 }

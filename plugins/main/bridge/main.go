@@ -7,11 +7,9 @@ import (
 	"github.com/podwire/podwire/pkg/cniplumb"
 	"github.com/podwire/podwire/pkg/delegate"
 	"github.com/podwire/podwire/pkg/ipam/hostlocal"
-	"github.com/podwire/podwire/pkg/link"
 )
 
 func main() {
-	link.RunHelper() // DEL's detached veth deletion (link.DeleteDetached)
 	cniplumb.Main("bridge", cniplumb.Verbs{Add: add, Del: del, Check: check, GC: gc, Status: status})
 }
 

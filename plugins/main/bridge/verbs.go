@@ -57,10 +57,9 @@ func del(ctx context.Context, in *cniplumb.Input) error {
 		})
 	}
 	if in.Netns != "" {
-		// Deleting the pod interface deletes its host peer too. DEL returns once both
-		// have left their namespaces; a forked child waits out the kernel's freeing.
+		// Deleting the pod interface deletes its host peer too.
 		step(func() error {
-			err := link.DeleteDetached(in.Netns, in.IfName)
+			err := link.DeleteIn(in.Netns, in.IfName)
 			if err != nil && !errors.Is(err, fs.ErrNotExist) {
 				return fmt.Errorf("deleting %s in %s: %w", in.IfName, in.Netns, err)
 			}

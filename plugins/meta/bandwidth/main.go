@@ -5,12 +5,10 @@ package main
 
 import (
 	"github.com/podwire/podwire/pkg/cniplumb"
-	"github.com/podwire/podwire/pkg/link"
 	"github.com/podwire/podwire/pkg/tc"
 )
 
 func main() {
-	link.RunHelper() // DEL's detached IFB deletion (tc.NewDetachingNetlink)
-	s := &shaper{tc: tc.NewDetachingNetlink(), hostVeth: findHostVeth, probe: tc.Probe}
+	s := &shaper{tc: tc.NewNetlink(nil), hostVeth: findHostVeth, probe: tc.Probe}
 	cniplumb.Main("bandwidth", cniplumb.Verbs{Add: s.add, Del: s.del, Check: s.check, GC: s.gc, Status: s.status})
 }
