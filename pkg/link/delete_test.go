@@ -11,10 +11,17 @@ import (
 	"github.com/vishvananda/netlink"
 )
 
-// TestDeleteIn: deleting the pod end of a veth removes both ends; a missing link is
-// success, a missing namespace an fs.ErrNotExist error; and nothing keeps the pod's
-// namespace mount busy afterwards (the runtime unmounts it right after DEL).
-func TestDeleteIn(t *testing.T) {
+// The test binary is also DeleteOffExit's child.
+func TestMain(m *testing.M) {
+	RunDeleteChild()
+	os.Exit(m.Run())
+}
+
+// TestDeleteOffExit: deleting the pod end of a veth removes both ends by the time the
+// call returns; a missing link is success, a missing namespace an fs.ErrNotExist
+// error; and the child, still in the kernel, does not keep the pod's namespace mount
+// busy (the runtime unmounts it right after DEL).
+func TestDeleteOffExit(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root for network namespaces; run as root (CI does)")
 	}
@@ -37,8 +44,8 @@ func TestDeleteIn(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := DeleteIn(pod.Path(), "eth0"); err != nil {
-			t.Fatalf("DeleteIn: %v", err)
+		if err := DeleteOffExit(pod.Path(), "eth0"); err != nil {
+			t.Fatalf("DeleteOffExit: %v", err)
 		}
 		for _, c := range []struct {
 			n    ns.NetNS
@@ -46,21 +53,37 @@ func TestDeleteIn(t *testing.T) {
 		}{{pod, "eth0"}, {host, "di-host"}} {
 			_ = c.n.Do(func(ns.NetNS) error {
 				if _, err := netlink.LinkByName(c.name); !IsNotFound(err) {
-					t.Errorf("%s still there after DeleteIn returned (%v)", c.name, err)
+					t.Errorf("%s still there after DeleteOffExit returned (%v)", c.name, err)
 				}
 				return nil
 			})
 		}
-		if err := DeleteIn(pod.Path(), "eth0"); err != nil {
-			t.Errorf("DeleteIn of a missing link: %v", err)
+		if err := DeleteOffExit(pod.Path(), "eth0"); err != nil {
+			t.Errorf("DeleteOffExit of a missing link: %v", err)
 		}
 		path := pod.Path()
 		pod.Close()
 		if err := testutils.UnmountNS(pod); err != nil {
-			t.Fatalf("unmounting the namespace right after DeleteIn: %v", err)
+			t.Fatalf("unmounting the namespace right after DeleteOffExit: %v", err)
 		}
-		if err := DeleteIn(path, "eth0"); !errors.Is(err, fs.ErrNotExist) {
-			t.Errorf("DeleteIn in a removed namespace: %v, want fs.ErrNotExist", err)
+		if err := DeleteOffExit(path, "eth0"); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("DeleteOffExit in a removed namespace: %v, want fs.ErrNotExist", err)
 		}
+	}
+	// The calling thread's namespace (""), as bandwidth deletes its IFB.
+	err = host.Do(func(ns.NetNS) error {
+		if err := netlink.LinkAdd(&netlink.Ifb{LinkAttrs: netlink.LinkAttrs{Name: "di-ifb"}}); err != nil {
+			return err
+		}
+		if err := DeleteOffExit("", "di-ifb"); err != nil {
+			return err
+		}
+		if _, err := netlink.LinkByName("di-ifb"); !IsNotFound(err) {
+			t.Errorf("di-ifb still there after DeleteOffExit returned (%v)", err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

@@ -2,7 +2,9 @@
 // veth pairs between the node and a pod, and the sysctls that go with them. It talks to
 // the kernel through vishvananda/netlink only (no `ip` exec), does single-object
 // requests instead of dumps wherever the kernel allows, and treats "already exists"
-// races between concurrent plugins as the normal case.
+// races between concurrent plugins as the normal case. DeleteOffExit deletes a link
+// through a re-executed copy of the calling binary, so that the caller does not wait
+// for the kernel to free the link.
 package link
 
 import (

@@ -8,7 +8,6 @@ import (
 	"net"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -164,38 +163,6 @@ func DeleteByName(name string) error {
 		return fmt.Errorf("looking up %s: %w", name, err)
 	}
 	if err := netlink.LinkDel(l); err != nil && !IsNotFound(err) {
-		return fmt.Errorf("deleting %s: %w", name, err)
-	}
-	return nil
-}
-
-// DeleteIn deletes the named link of the network namespace at nsPath (a bind mount such
-// as /run/netns/x, or /proc/<pid>/ns/net); a missing link is success. A missing
-// namespace is an error that matches fs.ErrNotExist.
-//
-// Deleting a veth deletes its peer in the other namespace too. The request is
-// synchronous: it returns after the kernel has also waited for the link's memory to be
-// freeable (an RCU barrier, ~15-35 ms on a small VM, after the link has already left
-// both namespaces), and that wait is the caller's.
-func DeleteIn(nsPath, name string) error {
-	nsh, err := netns.GetFromPath(nsPath)
-	if err != nil {
-		return fmt.Errorf("opening network namespace %s: %w", nsPath, err)
-	}
-	defer nsh.Close()
-	h, err := netlink.NewHandleAt(nsh, unix.NETLINK_ROUTE)
-	if err != nil {
-		return fmt.Errorf("opening netlink in %s: %w", nsPath, err)
-	}
-	defer h.Close()
-	l, err := h.LinkByName(name)
-	if IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("looking up %s: %w", name, err)
-	}
-	if err := h.LinkDel(l); err != nil && !IsNotFound(err) {
 		return fmt.Errorf("deleting %s: %w", name, err)
 	}
 	return nil

@@ -7,9 +7,11 @@ import (
 	"github.com/podwire/podwire/pkg/cniplumb"
 	"github.com/podwire/podwire/pkg/delegate"
 	"github.com/podwire/podwire/pkg/ipam/hostlocal"
+	"github.com/podwire/podwire/pkg/link"
 )
 
 func main() {
+	link.RunDeleteChild() // DEL's veth deletion (link.DeleteOffExit)
 	cniplumb.Main("bridge", cniplumb.Verbs{Add: add, Del: del, Check: check, GC: gc, Status: status})
 }
 

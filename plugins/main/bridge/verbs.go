@@ -57,9 +57,11 @@ func del(ctx context.Context, in *cniplumb.Input) error {
 		})
 	}
 	if in.Netns != "" {
-		// Deleting the pod interface deletes its host peer too.
+		// Deleting the pod interface deletes its host peer too. DEL returns once both
+		// have left their namespaces; a child of this plugin waits out the kernel's
+		// freeing (link.DeleteOffExit).
 		step(func() error {
-			err := link.DeleteIn(in.Netns, in.IfName)
+			err := link.DeleteOffExit(in.Netns, in.IfName)
 			if err != nil && !errors.Is(err, fs.ErrNotExist) {
 				return fmt.Errorf("deleting %s in %s: %w", in.IfName, in.Netns, err)
 			}
