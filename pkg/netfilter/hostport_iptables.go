@@ -329,17 +329,17 @@ func planHostPortIPTables(fam Family, st hpState, ch hpChange) (*restoreScript, 
 		if st.masq == nil {
 			return nil, errNeed(HostPortMasqChain)
 		}
-		if st.entries == nil {
-			return nil, errNeedEntries
-		}
+		// Entry jumps not checked yet are taken to be there, as they almost always are:
+		// if one is not, the transaction fails and is planned again with the checks.
+		present := func(e hpEntry) bool { return st.entries == nil || st.entries[e] }
 		for _, e := range []hpEntry{hpEntryPre, hpEntryOut} {
-			if st.entries[e] {
+			if present(e) {
 				dels = append(dels, "-D "+e.builtin+" "+e.rule)
 			}
 		}
 		post = append(post, "-X "+HostPortDNATChain)
 		if st.masq.exists && onlyHostPortMasq(st.masq.rules) {
-			if st.entries[hpEntryPost] {
+			if present(hpEntryPost) {
 				dels = append(dels, "-D POSTROUTING "+hpEntryMasq)
 			}
 			decl = append(decl, ":"+HostPortMasqChain+" - [0:0]")

@@ -43,10 +43,15 @@ func parallel(fns ...func() error) error {
 	return errors.Join(errs...)
 }
 
-// listState lists CNI-HOSTPORT-DNAT and, when masq, CNI-HOSTPORT-MASQ.
-func (b *HostPortIPTables) listState(ctx context.Context, fam Family, masq bool) (hpState, error) {
+// listState lists CNI-HOSTPORT-DNAT and, when masq, CNI-HOSTPORT-MASQ; with entries,
+// it checks the entry jumps at the same time (an ADD needs them whenever the shared
+// chains exist, which is every ADD but a node's first).
+func (b *HostPortIPTables) listState(ctx context.Context, fam Family, masq, entries bool) (hpState, error) {
 	st := hpState{dn: map[string]chainListing{}}
 	fns := []func() error{func() (err error) { st.top, err = b.listChain(ctx, fam, HostPortDNATChain); return err }}
+	if entries {
+		fns = append(fns, func() (err error) { st.entries, err = b.checkEntries(ctx, fam); return err })
+	}
 	if masq {
 		fns = append(fns, func() error {
 			l, err := b.listChain(ctx, fam, HostPortMasqChain)
@@ -103,11 +108,19 @@ func (b *HostPortIPTables) change(ctx context.Context, fam Family, st hpState, c
 			return err
 		}
 		err = b.xt.Restore(ctx, fam, script.String())
-		if err != nil && ch.teardown && !IsBusy(err) {
+		switch {
+		case err == nil || IsBusy(err) || !ch.teardown:
+			return err
+		case st.entries == nil:
+			// The teardown took the entry jumps to be there; see which are.
+			if st.entries, err = b.checkEntries(ctx, fam); err != nil {
+				return err
+			}
+		default:
+			// Someone else's rule may still reference a shared chain: remove just
+			// the attachment's own rules.
 			ch.teardown = false
-			continue
 		}
-		return err
 	}
 }
 
@@ -131,7 +144,7 @@ func (b *HostPortIPTables) Apply(ctx context.Context, p HostPortPlan) error {
 		if !fams.Has(fam) {
 			continue
 		}
-		st, err := b.listState(ctx, fam, p.masquerades())
+		st, err := b.listState(ctx, fam, p.masquerades(), true)
 		if err != nil {
 			return err
 		}
@@ -177,7 +190,7 @@ func (b *HostPortIPTables) Remove(ctx context.Context, o Owner, fams Families) e
 // removeFamily removes the owners ids and the per-container chains from one family;
 // the caller holds the lock.
 func (b *HostPortIPTables) removeFamily(ctx context.Context, fam Family, ids map[OwnerID]bool, chains ...string) error {
-	st, err := b.listState(ctx, fam, false)
+	st, err := b.listState(ctx, fam, false, false)
 	ch := hpChange{removeIDs: ids, chains: map[string]bool{}, teardown: true}
 	for _, c := range chains {
 		if err != nil {
@@ -211,7 +224,7 @@ func (b *HostPortIPTables) Check(ctx context.Context, p HostPortPlan) error {
 		if !p.Families().Has(fam) {
 			continue
 		}
-		st, err := b.listState(ctx, fam, p.masquerades())
+		st, err := b.listState(ctx, fam, p.masquerades(), true)
 		if err != nil {
 			return err
 		}
@@ -222,10 +235,7 @@ func (b *HostPortIPTables) Check(ctx context.Context, p HostPortPlan) error {
 		if err := hpCheck(fam, p, st.top, dn); err != nil {
 			return err
 		}
-		entries, err := b.checkEntries(ctx, fam)
-		if err != nil {
-			return err
-		}
+		entries := st.entries
 		want := []hpEntry{hpEntryPre, hpEntryOut}
 		if p.masquerades() {
 			if !st.masq.has("-A " + HostPortMasqChain + " " + hpMasqRule(p.Mark)) {
@@ -257,7 +267,7 @@ func (b *HostPortIPTables) GC(ctx context.Context, network string, keep cniplumb
 		if !b.xt.Installed(fam) {
 			continue
 		}
-		st, err := b.listState(ctx, fam, false)
+		st, err := b.listState(ctx, fam, false, false)
 		if err != nil {
 			errs = append(errs, err)
 			continue

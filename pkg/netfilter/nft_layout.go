@@ -49,11 +49,13 @@ type nftSocket struct {
 	dial  func() (NFTConn, error)
 	close func() error
 	lock  func(name string) (func(), error)
+	// deleted is told when a batch deleted something (ReleaseOffExit cares).
+	deleted func()
 }
 
 // nftSocketOn is a socket on c (a fake kernel in tests), without lock files.
 func nftSocketOn(c NFTConn) *nftSocket {
-	return &nftSocket{dial: func() (NFTConn, error) { return c, nil }, lock: noLock}
+	return &nftSocket{dial: func() (NFTConn, error) { return c, nil }, lock: noLock, deleted: func() {}}
 }
 
 // noLock is the lock of backends on a fake kernel, which serializes calls itself.
@@ -210,7 +212,8 @@ func (l *nftLayout) apply(s *nftSocket, o Owner, add []*nftables.Rule) error {
 				}
 			}
 		}
-		for _, r := range l.owned(st, l.ownerPick(o)) {
+		old := l.owned(st, l.ownerPick(o))
+		for _, r := range old {
 			if err := c.DelRule(r); err != nil {
 				return fmt.Errorf("deleting an old rule of %s: %w", o, err)
 			}
@@ -220,6 +223,9 @@ func (l *nftLayout) apply(s *nftSocket, o Owner, add []*nftables.Rule) error {
 		}
 		if err := c.Flush(); err != nil {
 			return fmt.Errorf("installing the rules of %s in %s: %w", o, l.what(), err)
+		}
+		if len(old) > 0 {
+			s.deleted()
 		}
 		return nil
 	})
@@ -253,6 +259,7 @@ func (l *nftLayout) remove(s *nftSocket, pick func(key, net string) bool) error 
 		if err := c.Flush(); err != nil {
 			return fmt.Errorf("removing rules from %s: %w", l.what(), err)
 		}
+		s.deleted()
 		return nil
 	})
 }

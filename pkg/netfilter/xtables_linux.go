@@ -108,10 +108,17 @@ func (x *execXT) Has(ctx context.Context, fam Family, table, chain string, rule 
 		ok, err = h.Exists(table, chain, rule...)
 		return err
 	})
-	if isMissingChain(err) {
-		return false, nil
+	if isMissingChain(err) || isMissingTarget(err) {
+		return false, nil // a rule jumping to a chain that does not exist is not there
 	}
 	return ok, err
+}
+
+// isMissingTarget recognizes -C of a rule whose target chain does not exist
+// (iptables-legacy: "Couldn't load target").
+func isMissingTarget(err error) bool {
+	var ie *iptables.Error
+	return errors.As(err, &ie) && strings.Contains(ie.Error(), "Couldn't load target")
 }
 
 func (x *execXT) Restore(ctx context.Context, fam Family, script string) error {

@@ -8,10 +8,12 @@ import (
 	"github.com/podwire/podwire/pkg/delegate"
 	"github.com/podwire/podwire/pkg/ipam/hostlocal"
 	"github.com/podwire/podwire/pkg/link"
+	"github.com/podwire/podwire/pkg/netfilter"
 )
 
 func main() {
-	link.RunDeleteChild() // DEL's veth deletion (link.DeleteOffExit)
+	link.RunDeleteChild()       // DEL's veth deletion (link.DeleteOffExit)
+	netfilter.RunReleaseChild() // DEL's nf_tables sockets (netfilter.ReleaseOffExit)
 	cniplumb.Main("bridge", cniplumb.Verbs{Add: add, Del: del, Check: check, GC: gc, Status: status})
 }
 

@@ -23,6 +23,7 @@ import (
 // vanished netns still gets its rules and lease removed: rules are found by owner, so
 // no address is needed (the reference skips its rule cleanup then and leaks chains).
 func del(ctx context.Context, in *cniplumb.Input) error {
+	defer netfilter.ReleaseOffExit() // a child waits for the kernel to free deleted rules
 	c, err := parseTeardownConf(in.Stdin, in.Args)
 	if err != nil {
 		return err
@@ -240,6 +241,7 @@ func checkAddrsRoutes(pod netlink.Link, prev *current.Result, podIdx int) error 
 // network's attachments that are not in cni.dev/valid-attachments, in every backend the
 // node offers (a node may have switched ipMasqBackend).
 func gc(ctx context.Context, in *cniplumb.Input) error {
+	defer netfilter.ReleaseOffExit()
 	c, err := parseTeardownConf(in.Stdin, in.Args)
 	if err != nil {
 		return err

@@ -180,6 +180,7 @@ func (pm *portmap) flush(m marker) {
 // marker was lost): its rules are removed from both backends. Without either there
 // is nothing to do, at no cost. Whatever is already gone is success.
 func (pm *portmap) del(ctx context.Context, in *cniplumb.Input) error {
+	defer netfilter.ReleaseOffExit() // a child waits for the kernel to free deleted rules
 	owner := in.Owner()
 	m, ok, err := pm.state.read(owner)
 	if err != nil {
@@ -289,6 +290,7 @@ func (pm *portmap) check(ctx context.Context, in *cniplumb.Input) error {
 // does not list, with the configured backend and every backend a marker names, and
 // their markers.
 func (pm *portmap) gc(ctx context.Context, in *cniplumb.Input) error {
+	defer netfilter.ReleaseOffExit()
 	tc := parseTeardownConf(in.Stdin)
 	network := in.Conf.Name
 	markers, err := pm.state.list(network)
