@@ -8,7 +8,7 @@ import (
 
 // This file is portmap's model: the hostPort forwards of one attachment as plain data
 // (HostPortPlan), the neutral rules they become, and the HostPortBackend interface the
-// plugin talks to. It is pure; the backends are in hostport_*_linux.go.
+// plugin talks to. It is pure; the backends are in hostport_xt.go and hostport_nft.go.
 
 // HostPortFeature is portmap's nftables table, inet podwire_hostport, with base chains
 // prerouting and output (nat, priority -100) for the DNAT decision and postrouting

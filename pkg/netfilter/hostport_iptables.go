@@ -36,7 +36,7 @@ import (
 //
 // This file is pure: it renders and plans iptables-restore transactions from listings
 // of these chains only (never a whole table). The exec side is
-// hostport_iptables_linux.go.
+// hostport_xt.go.
 
 // The reference portmap's shared chains.
 const (

@@ -11,7 +11,7 @@ import (
 // This file renders ipMasq in the reference's iptables layout (see masquerade.go) as
 // iptables-restore lines for the nat table, and decides what to add, check and remove
 // from `iptables -t nat -S` listings of one chain and of POSTROUTING. It is pure; the
-// exec side is in masq_iptables_linux.go.
+// exec side is in masq_xt.go.
 
 // masqPostrouting is the built-in chain the per-address jumps hang off.
 const masqPostrouting = "POSTROUTING"

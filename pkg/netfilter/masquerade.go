@@ -12,7 +12,7 @@ import (
 
 // This file is bridge's ipMasq: the masquerade of one attachment as plain data
 // (MasqPlan), the kernel names it gets, the MasqBackend interface and the backend
-// choice. It is pure; the backends are in masq_*_linux.go.
+// choice. It is pure; the backends are in masq_xt.go and masq_nft_layout.go.
 //
 // Unlike the other features of this package, ipMasq does not live in objects of
 // podwire's own: it uses exactly the reference bridge plugin's layout (plugins v1.10.0,

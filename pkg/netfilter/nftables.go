@@ -12,7 +12,7 @@ import (
 )
 
 // This file renders rules as nftables expressions and reads tags back from rule
-// userdata. It is pure; the netlink side is in nftables_linux.go.
+// userdata. It is pure; the netlink side is in nft_layout.go.
 
 // TableName is the nftables table of feature f: podwire_<name>, in the inet family
 // (bridge family for Bridge features).

@@ -5,7 +5,7 @@
 // recognizes them again for CHECK, DEL and GC, whatever else the node holds:
 //
 //	portmap, iptables   the reference's CNI-HOSTPORT-DNAT/-MASQ and CNI-DN-<hash> (hostport_iptables.go)
-//	portmap, nftables   podwire's table inet podwire_hostport (nft_tables.go)
+//	portmap, nftables   podwire's table inet podwire_hostport (hostport_nft.go)
 //	ipMasq, iptables    the reference's CNI-<hash> chain and POSTROUTING jumps (masq_iptables.go)
 //	ipMasq, nftables    the reference's table inet cni_plugins_masquerade (masq_nft_layout.go)
 //	macspoofchk         podwire's table bridge podwire_macspoof (nft_tables.go)

@@ -11,7 +11,7 @@ import (
 // This file is the seam between podwire's iptables layouts and the iptables tools:
 // the xtables interface (what the layouts may ask of iptables), iptables-restore
 // scripts, and the parsing of `iptables -S <chain>` listings. It is pure; the exec
-// side is xtables_linux.go, the in-memory one Fake (fake.go).
+// side is xtables_linux.go, the in-memory one package fake.
 
 // XTables is everything the iptables layouts do with iptables: the seam between them
 // and the iptables tools (the installed binaries, or a fake kernel in tests). Layouts
