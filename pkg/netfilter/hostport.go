@@ -69,11 +69,7 @@ type HostPortPlan struct {
 func (p HostPortPlan) Families() Families {
 	var s Families
 	for _, m := range p.Ports {
-		if m.Family() == IPv4 {
-			s |= V4
-		} else {
-			s |= V6
-		}
+		s |= m.Family().bit()
 	}
 	return s
 }

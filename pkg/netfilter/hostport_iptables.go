@@ -4,7 +4,8 @@ import (
 	"crypto/sha512"
 	"encoding/hex"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -131,17 +132,12 @@ func renderHostPortIPTables(fam Family, p HostPortPlan) (hpRendered, error) {
 		seen[k] = true
 		byProto[m.Proto] = append(byProto[m.Proto], strconv.Itoa(int(m.HostPort)))
 	}
-	var protos []string
-	for pr := range byProto {
-		protos = append(protos, string(pr))
-	}
-	sort.Strings(protos)
 	cond := condArgs(p.Conditions[fam])
-	for _, pr := range protos {
-		ports := byProto[Proto(pr)]
+	for _, pr := range slices.Sorted(maps.Keys(byProto)) {
+		ports := byProto[pr]
 		for len(ports) > 0 {
 			n := min(len(ports), multiportMax)
-			m := "-p " + pr + " -m multiport --dports " + strings.Join(ports[:n], ",")
+			m := "-p " + string(pr) + " -m multiport --dports " + strings.Join(ports[:n], ",")
 			ports = ports[n:]
 			if cond != "" {
 				m = cond + " " + m
@@ -252,7 +248,7 @@ func planHostPortIPTables(fam Family, st hpState, ch hpChange) (*restoreScript, 
 			chains = append(chains, c)
 		}
 	}
-	sort.Strings(chains)
+	slices.Sort(chains)
 	for _, c := range chains {
 		switch {
 		case remaining[c] > 0:
@@ -338,7 +334,7 @@ func planHostPortIPTables(fam Family, st hpState, ch hpChange) (*restoreScript, 
 			}
 		}
 		post = append(post, "-X "+HostPortDNATChain)
-		if st.masq.exists && onlyHostPortMasq(st.masq.rules) {
+		if st.masq.exists && !slices.ContainsFunc(st.masq.rules, func(r xtRule) bool { return !isHostPortMasq(r) }) {
 			if st.entries[hpEntryPost] {
 				dels = append(dels, "-D POSTROUTING "+hpEntryMasq)
 			}
@@ -360,16 +356,6 @@ func planHostPortIPTables(fam Family, st hpState, ch hpChange) (*restoreScript, 
 		s.add(group...)
 	}
 	return s, nil
-}
-
-// onlyHostPortMasq reports whether every rule is a masquerade rule portmap writes.
-func onlyHostPortMasq(rules []xtRule) bool {
-	for _, r := range rules {
-		if !isHostPortMasq(r) {
-			return false
-		}
-	}
-	return true
 }
 
 // hpGCChange is the removal GC does in one family, given its CNI-HOSTPORT-DNAT: every

@@ -3,6 +3,7 @@ package netfilter
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/podwire/podwire/pkg/cniplumb"
@@ -122,15 +123,9 @@ func planMasqXTDelChain(name string, addrs []netip.Prefix, post []xtRule, chainE
 // fromAny reports whether a jump's source is one of addrs, as a single address or as
 // its subnet (the form older reference versions wrote).
 func fromAny(src netip.Prefix, addrs []netip.Prefix) bool {
-	if !src.IsValid() {
-		return false
-	}
-	for _, a := range addrs {
-		if src == hostPrefix(a.Addr()) || src == a.Masked() {
-			return true
-		}
-	}
-	return false
+	return src.IsValid() && slices.ContainsFunc(addrs, func(a netip.Prefix) bool {
+		return src == hostPrefix(a.Addr()) || src == a.Masked()
+	})
 }
 
 // planMasqXTGC returns the restore lines that remove, from one family, the masquerade

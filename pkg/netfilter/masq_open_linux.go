@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/podwire/podwire/pkg/cniplumb"
@@ -76,20 +77,13 @@ func RemoveMasq(ctx context.Context, o Owner, addrs []netip.Prefix) error {
 			errs = append(errs, err)
 		}
 		if may {
-			need |= famBit(fam)
+			need |= fam.bit()
 		}
 	}
 	if need != 0 {
 		errs = append(errs, newMasqIPTables(hostXT(), lockIPTables("masq")).removeFamilies(ctx, o, addrs, need))
 	}
 	return errors.Join(errs...)
-}
-
-func famBit(f Family) Families {
-	if f == IPv6 {
-		return V6
-	}
-	return V4
 }
 
 // CheckMasq is ipMasq's CHECK: p's rules in the backend want picks, or, when none of
@@ -202,12 +196,7 @@ func legacyNATInUse(fam Family) bool {
 		// No x_tables in this kernel (or no /proc): nothing legacy can exist.
 		return !errors.Is(err, os.ErrNotExist)
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.TrimSpace(l) == "nat" {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(strings.Fields(string(b)), "nat")
 }
 
 // refCanUseNFT reports whether the reference plugin could drive nftables on this host:

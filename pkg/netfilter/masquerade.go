@@ -48,11 +48,7 @@ func (p MasqPlan) Families() Families { return prefixFamilies(p.Addrs) }
 func prefixFamilies(addrs []netip.Prefix) Families {
 	var s Families
 	for _, a := range addrs {
-		if FamilyOf(a.Addr()) == IPv4 {
-			s |= V4
-		} else {
-			s |= V6
-		}
+		s |= FamilyOf(a.Addr()).bit()
 	}
 	return s
 }

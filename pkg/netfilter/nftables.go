@@ -72,15 +72,7 @@ func cmpOp(neg bool) expr.CmpOp {
 	return expr.CmpOpEq
 }
 
-func addrBytes(a netip.Addr) []byte {
-	a = a.Unmap()
-	if a.Is4() {
-		b := a.As4()
-		return b[:]
-	}
-	b := a.As16()
-	return b[:]
-}
+func addrBytes(a netip.Addr) []byte { return a.Unmap().AsSlice() }
 
 var protoNums = map[Proto]byte{TCP: unix.IPPROTO_TCP, UDP: unix.IPPROTO_UDP, SCTP: unix.IPPROTO_SCTP}
 

@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 )
 
@@ -62,15 +63,22 @@ const (
 	All          = V4 | V6
 )
 
+var familyBits = map[Family]Families{IPv4: V4, IPv6: V6}
+
+func (f Family) bit() Families { return familyBits[f] }
+
 // Has reports whether f is in the set.
-func (s Families) Has(f Family) bool {
-	switch f {
-	case IPv4:
-		return s&V4 != 0
-	case IPv6:
-		return s&V6 != 0
+func (s Families) Has(f Family) bool { return s&f.bit() != 0 }
+
+// list returns the families of the set, IPv4 first.
+func (s Families) list() []Family {
+	var out []Family
+	for _, f := range []Family{IPv4, IPv6} {
+		if s.Has(f) {
+			out = append(out, f)
+		}
 	}
-	return false
+	return out
 }
 
 // Hook is a base chain a feature hangs its rules off: a netfilter hook, a chain type
@@ -220,13 +228,7 @@ func (r Rule) String() string {
 
 // Validate reports a rule no backend could install, naming the problem.
 func (r Rule) validate(f Feature) error {
-	found := false
-	for _, h := range f.Hooks {
-		if h == r.Hook {
-			found = true
-		}
-	}
-	if !found {
+	if !slices.Contains(f.Hooks, r.Hook) {
 		return fmt.Errorf("rule %q: hook %s/%s is not one of feature %s's hooks", r, r.Hook.Type, r.Hook.Name, f.Name)
 	}
 	m := r.Match
@@ -280,12 +282,7 @@ type Plan struct {
 func (p Plan) Families() Families {
 	var s Families
 	for _, r := range p.Rules {
-		switch r.Family {
-		case IPv4:
-			s |= V4
-		case IPv6:
-			s |= V6
-		}
+		s |= r.Family.bit()
 	}
 	return s
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -158,28 +159,11 @@ func FormatRuleArgs(args []string) string {
 	return strings.Join(out, " ")
 }
 
-// sameArgs compares two rule lines by their arguments, so quoting does not matter.
-func sameArgs(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
-// containsRule reports whether have holds the rule line want.
+// containsRule reports whether have holds the rule line want, compared by arguments
+// so quoting does not matter.
 func containsRule(have []xtRule, want string) bool {
 	w := xtTokens(want)
-	for _, r := range have {
-		if sameArgs(r.args, w) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(have, func(r xtRule) bool { return slices.Equal(r.args, w) })
 }
 
 // restoreScript accumulates the lines of one table for `iptables-restore --noflush`.
