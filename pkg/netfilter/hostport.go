@@ -278,9 +278,5 @@ func NewHostPortsOn(k Kind, xt XTables, nc NFTConn) HostPortBackend {
 	if k == KindNFTables {
 		return &HostPortNFTables{nft: NewNFTablesOn(nc)}
 	}
-	return newHostPortIPTables(xt, func() (func(), error) { return noLock("") })
-}
-
-func newHostPortIPTables(xt XTables, lock func() (func(), error)) *HostPortIPTables {
-	return &HostPortIPTables{xt: xt, lock: lock}
+	return &HostPortIPTables{xtLayout{xt, func() (func(), error) { return noLock("") }}}
 }

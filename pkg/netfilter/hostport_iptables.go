@@ -172,15 +172,6 @@ func refOwner(comment string) (network, containerID string, ok bool) {
 	return parseMasqComment(rest)
 }
 
-// chainListing is one listed chain; exists is false when it is absent.
-type chainListing struct {
-	exists bool
-	rules  []xtRule
-}
-
-// has reports whether the listing holds the rule line (compared by arguments).
-func (l chainListing) has(line string) bool { return containsRule(l.rules, line) }
-
 // hpState is what a transaction is planned from: listings of the chains it touches.
 type hpState struct {
 	top  chainListing            // CNI-HOSTPORT-DNAT, always listed
@@ -209,10 +200,10 @@ func (e errNeed) Error() string { return "need a listing of " + string(e) }
 
 const errNeedEntries = errNeed("entry jumps")
 
-// planHostPortIPTables computes the one iptables-restore transaction for ch from st.
-// It returns an errNeed when it needs a listing st lacks. The script is empty when
+// planHostPortIPTables computes the lines of the one iptables-restore transaction for
+// ch from st. It returns an errNeed when it needs a listing st lacks. No lines means
 // nothing changes.
-func planHostPortIPTables(fam Family, st hpState, ch hpChange) (*restoreScript, error) {
+func planHostPortIPTables(fam Family, st hpState, ch hpChange) ([]string, error) {
 	var decl, dels, adds, post []string
 	var rend hpRendered
 	if ch.add != nil {
@@ -346,16 +337,12 @@ func planHostPortIPTables(fam Family, st hpState, ch hpChange) (*restoreScript, 
 		post = append(post, "-X "+HostPortSetMarkChain)
 	}
 
-	s := &restoreScript{table: "nat"}
 	if len(dels) == 0 && len(adds) == 0 && len(post) == 0 {
 		// Declarations alone only create or flush chains: with nothing removed or
 		// added there is nothing to do.
-		return s, nil
+		return nil, nil
 	}
-	for _, group := range [][]string{decl, dels, adds, post} {
-		s.add(group...)
-	}
-	return s, nil
+	return slices.Concat(decl, dels, adds, post), nil
 }
 
 // hpGCChange is the removal GC does in one family, given its CNI-HOSTPORT-DNAT: every

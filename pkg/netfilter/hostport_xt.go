@@ -17,27 +17,17 @@ import (
 // one `iptables-restore --noflush` transaction. A busy xtables lock is waited for and
 // retried inside the call before it becomes a code-11 error. ip6tables is not run for
 // a family the operation does not touch.
-type HostPortIPTables struct {
-	xt   XTables
-	lock func() (func(), error)
-}
+type HostPortIPTables struct{ xtLayout }
 
 var _ HostPortBackend = (*HostPortIPTables)(nil)
 
-// listChain lists one nat chain.
-func (b *HostPortIPTables) listChain(ctx context.Context, fam Family, chain string) (chainListing, error) {
-	rules, exists, err := listXT(ctx, b.xt, fam, "nat", chain)
-	return chainListing{exists: exists, rules: rules}, err
-}
-
 // parallel runs the functions at once (each is a process start on the real backend)
-// and returns the first error.
+// and joins their errors.
 func parallel(fns ...func() error) error {
 	errs := make([]error, len(fns))
 	var wg sync.WaitGroup
 	for i, fn := range fns {
-		wg.Add(1)
-		go func() { defer wg.Done(); errs[i] = fn() }()
+		wg.Go(func() { errs[i] = fn() })
 	}
 	wg.Wait()
 	return errors.Join(errs...)
@@ -46,13 +36,10 @@ func parallel(fns ...func() error) error {
 // listState lists CNI-HOSTPORT-DNAT and, when masq, CNI-HOSTPORT-MASQ.
 func (b *HostPortIPTables) listState(ctx context.Context, fam Family, masq bool) (hpState, error) {
 	st := hpState{dn: map[string]chainListing{}}
-	fns := []func() error{func() (err error) { st.top, err = b.listChain(ctx, fam, HostPortDNATChain); return err }}
+	fns := []func() error{func() (err error) { st.top, err = b.list(ctx, fam, HostPortDNATChain); return err }}
 	if masq {
-		fns = append(fns, func() error {
-			l, err := b.listChain(ctx, fam, HostPortMasqChain)
-			st.masq = &l
-			return err
-		})
+		st.masq = &chainListing{}
+		fns = append(fns, func() (err error) { *st.masq, err = b.list(ctx, fam, HostPortMasqChain); return err })
 	}
 	return st, parallel(fns...)
 }
@@ -81,28 +68,27 @@ func (b *HostPortIPTables) checkEntries(ctx context.Context, fam Family) (map[hp
 // attachment's own rules still go.
 func (b *HostPortIPTables) change(ctx context.Context, fam Family, st hpState, ch hpChange) error {
 	for tries := 0; ; tries++ {
-		script, err := planHostPortIPTables(fam, st, ch)
+		lines, err := planHostPortIPTables(fam, st, ch)
 		var need errNeed
 		if errors.As(err, &need) && tries < 10 {
 			switch need {
 			case errNeedEntries:
 				st.entries, err = b.checkEntries(ctx, fam)
 			case HostPortMasqChain:
-				var l chainListing
-				l, err = b.listChain(ctx, fam, HostPortMasqChain)
-				st.masq = &l
+				st.masq = &chainListing{}
+				*st.masq, err = b.list(ctx, fam, HostPortMasqChain)
 			default:
-				st.dn[string(need)], err = b.listChain(ctx, fam, string(need))
+				st.dn[string(need)], err = b.list(ctx, fam, string(need))
 			}
 			if err != nil {
 				return err
 			}
 			continue
 		}
-		if err != nil || script.empty() {
+		if err != nil {
 			return err
 		}
-		err = b.xt.Restore(ctx, fam, script.String())
+		err = b.restore(ctx, fam, lines)
 		if err != nil && ch.teardown && !IsBusy(err) {
 			ch.teardown = false
 			continue
@@ -113,24 +99,13 @@ func (b *HostPortIPTables) change(ctx context.Context, fam Family, st hpState, c
 
 // Apply implements HostPortBackend.
 func (b *HostPortIPTables) Apply(ctx context.Context, p HostPortPlan) error {
-	fams := p.Families()
-	for _, fam := range []Family{IPv4, IPv6} {
-		if fams.Has(fam) {
-			if _, err := renderHostPortIPTables(fam, p); err != nil {
-				return err
-			}
+	for _, fam := range p.Families().list() {
+		if _, err := renderHostPortIPTables(fam, p); err != nil {
+			return err
 		}
 	}
-	unlock, err := b.lock()
-	if err != nil {
-		return err
-	}
-	defer unlock()
 	chain := HostPortChain(p.Owner.Network, p.Owner.ContainerID)
-	for _, fam := range []Family{IPv4, IPv6} {
-		if !fams.Has(fam) {
-			continue
-		}
+	return b.apply(p.Families(), func(fam Family) error {
 		st, err := b.listState(ctx, fam, p.masquerades())
 		if err != nil {
 			return err
@@ -138,14 +113,14 @@ func (b *HostPortIPTables) Apply(ctx context.Context, p HostPortPlan) error {
 		ch := hpChange{add: &p, removeIDs: map[OwnerID]bool{IDOf(p.Owner): true}, chains: map[string]bool{chain: true}}
 		if err := b.change(ctx, fam, st, ch); err != nil {
 			if p.SetMarkChain != "" && !IsBusy(err) {
-				if l, lerr := b.listChain(ctx, fam, p.SetMarkChain); lerr == nil && !l.exists {
+				if l, lerr := b.list(ctx, fam, p.SetMarkChain); lerr == nil && !l.exists {
 					return cniplumb.ConfigError("externalSetMarkChain", "the %s nat table has no chain %s: create it first (kube-proxy does) or remove externalSetMarkChain", fam, p.SetMarkChain)
 				}
 			}
 			return fmt.Errorf("installing %s host ports of %s: %w", fam, p.Owner, err)
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // Remove implements HostPortBackend. It also removes the reference portmap's jumps and
@@ -153,69 +128,45 @@ func (b *HostPortIPTables) Apply(ctx context.Context, p HostPortPlan) error {
 // container only, so this covers every interface of o's container in that network),
 // and o's per-container chain even when no jump leads to it.
 func (b *HostPortIPTables) Remove(ctx context.Context, o Owner, fams Families) error {
-	var present []Family
-	for _, fam := range []Family{IPv4, IPv6} {
-		if fams.Has(fam) && b.xt.Installed(fam) {
-			present = append(present, fam)
+	return b.cleanup(fams, func(fam Family) error {
+		if err := b.removeFamily(ctx, fam, o); err != nil {
+			return fmt.Errorf("removing %s host ports: %w", fam, err)
 		}
-	}
-	if len(present) == 0 {
 		return nil
-	}
-	unlock, err := b.lock()
+	})
+}
+
+func (b *HostPortIPTables) removeFamily(ctx context.Context, fam Family, o Owner) error {
+	st, err := b.listState(ctx, fam, false)
 	if err != nil {
 		return err
 	}
-	defer unlock()
-	var errs []error
-	for _, fam := range present {
-		errs = append(errs, b.removeFamily(ctx, fam, map[OwnerID]bool{IDOf(o): true}, HostPortChain(o.Network, o.ContainerID)))
-	}
-	return errors.Join(errs...)
-}
-
-// removeFamily removes the owners ids and the per-container chains from one family;
-// the caller holds the lock.
-func (b *HostPortIPTables) removeFamily(ctx context.Context, fam Family, ids map[OwnerID]bool, chains ...string) error {
-	st, err := b.listState(ctx, fam, false)
-	ch := hpChange{removeIDs: ids, chains: map[string]bool{}, teardown: true}
-	for _, c := range chains {
-		if err != nil {
-			break
+	ch := hpChange{removeIDs: map[OwnerID]bool{IDOf(o): true}, chains: map[string]bool{}, teardown: true}
+	chain := HostPortChain(o.Network, o.ContainerID)
+	dn := chainListing{exists: true}
+	if !slices.ContainsFunc(st.top.rules, func(r xtRule) bool { return r.target == chain }) {
+		// No jump leads there (a repeated DEL, or CNI-HOSTPORT-DNAT was flushed):
+		// a listing, cheaper than a transaction, tells whether it is there at all.
+		if dn, err = b.list(ctx, fam, chain); err != nil {
+			return err
 		}
-		jumped := slices.ContainsFunc(st.top.rules, func(r xtRule) bool { return r.target == c })
-		if !jumped {
-			// No jump leads there (a repeated DEL, or CNI-HOSTPORT-DNAT was flushed):
-			// a listing, cheaper than a transaction, tells whether it is there at all.
-			var l chainListing
-			if l, err = b.listChain(ctx, fam, c); err != nil || !l.exists {
-				continue
-			}
-		}
-		ch.chains[c] = true
 	}
-	if err == nil {
-		err = b.change(ctx, fam, st, ch)
+	if dn.exists {
+		ch.chains[chain] = true
 	}
-	if err != nil {
-		return fmt.Errorf("removing %s host ports: %w", fam, err)
-	}
-	return nil
+	return b.change(ctx, fam, st, ch)
 }
 
 // Check implements HostPortBackend: this attachment's jumps and rules, the entry
 // jumps into the shared chains, and the masquerade rule for its mark.
 func (b *HostPortIPTables) Check(ctx context.Context, p HostPortPlan) error {
 	chain := HostPortChain(p.Owner.Network, p.Owner.ContainerID)
-	for _, fam := range []Family{IPv4, IPv6} {
-		if !p.Families().Has(fam) {
-			continue
-		}
+	for _, fam := range p.Families().list() {
 		st, err := b.listState(ctx, fam, p.masquerades())
 		if err != nil {
 			return err
 		}
-		dn, err := b.listChain(ctx, fam, chain)
+		dn, err := b.list(ctx, fam, chain)
 		if err != nil {
 			return err
 		}
@@ -247,31 +198,18 @@ func (b *HostPortIPTables) Check(ctx context.Context, p HostPortPlan) error {
 // An attachment whose jumps someone flushed away is not found here; portmap's GC
 // removes it through its marker (Remove).
 func (b *HostPortIPTables) GC(ctx context.Context, network string, keep cniplumb.Owners) error {
-	unlock, err := b.lock()
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	var errs []error
-	for _, fam := range []Family{IPv4, IPv6} {
-		if !b.xt.Installed(fam) {
-			continue
-		}
+	return b.cleanup(All, func(fam Family) error {
 		st, err := b.listState(ctx, fam, false)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if !st.top.exists {
-			continue
+		if err != nil || !st.top.exists {
+			return err
 		}
 		ch := hpGCChange(st.top, network, keep)
 		if len(ch.removeIDs) == 0 && len(ch.chains) == 0 {
-			continue
+			return nil
 		}
 		if err := b.change(ctx, fam, st, ch); err != nil {
-			errs = append(errs, fmt.Errorf("collecting %s host ports of network %s: %w", fam, network, err))
+			return fmt.Errorf("collecting %s host ports of network %s: %w", fam, network, err)
 		}
-	}
-	return errors.Join(errs...)
+		return nil
+	})
 }

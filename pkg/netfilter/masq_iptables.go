@@ -57,29 +57,29 @@ func masqXTJumps(o Owner, fam Family, addrs []netip.Prefix) []string {
 }
 
 // planMasqXTAdd returns the restore lines (nat table) that give family fam of p's
-// owner every rule of p. chain is the listing of the owner's chain, nil when it does
-// not exist (then no jump to it can exist either and post is not needed); post is the
+// owner every rule of p. own is the listing of the owner's chain (when it does not
+// exist, no jump to it can exist either and post is not needed); post is the
 // POSTROUTING listing. Rules already there stay; missing subnet ACCEPTs go in front of
 // the MASQUERADE. No lines means nothing to do.
-func planMasqXTAdd(p MasqPlan, fam Family, chain []xtRule, chainExists bool, post []xtRule) []string {
+func planMasqXTAdd(p MasqPlan, fam Family, own chainListing, post []xtRule) []string {
 	rules := masqXTChainRules(p.Owner, fam, p.Addrs)
 	jumps := masqXTJumps(p.Owner, fam, p.Addrs)
 	if len(rules) == 0 {
 		return nil
 	}
 	name := MasqChain(p.Owner)
-	if !chainExists {
+	if !own.exists {
 		return append(append([]string{":" + name + " - [0:0]"}, rules...), jumps...)
 	}
 	var out []string
 	accepts, masq := rules[:len(rules)-1], rules[len(rules)-1]
 	// Insert the missing ACCEPTs at the top in reverse, so they end up in order.
 	for i := len(accepts) - 1; i >= 0; i-- {
-		if !containsRule(chain, accepts[i]) {
+		if !own.has(accepts[i]) {
 			out = append(out, "-I "+name+" 1"+strings.TrimPrefix(accepts[i], "-A "+name))
 		}
 	}
-	if !containsRule(chain, masq) {
+	if !own.has(masq) {
 		out = append(out, masq)
 	}
 	for _, j := range jumps {
@@ -90,17 +90,12 @@ func planMasqXTAdd(p MasqPlan, fam Family, chain []xtRule, chainExists bool, pos
 	return out
 }
 
-// planMasqXTDel returns the restore lines that remove o's jumps from POSTROUTING and,
-// when no jump into o's chain remains, the chain itself. addrs are o's addresses of
-// this family when known: only their jumps go (also the reference's old "-s <subnet>"
-// form); nil means every jump into the chain. chainExists says whether the chain is
-// there when post shows no jump to it.
-func planMasqXTDel(o Owner, addrs []netip.Prefix, post []xtRule, chainExists bool) []string {
-	return planMasqXTDelChain(MasqChain(o), addrs, post, chainExists)
-}
-
-// planMasqXTDelChain is planMasqXTDel for the chain name.
-func planMasqXTDelChain(name string, addrs []netip.Prefix, post []xtRule, chainExists bool) []string {
+// planMasqXTDel returns the restore lines that remove the jumps into chain name from
+// POSTROUTING and, when none remains, the chain itself. addrs are the owner's
+// addresses of this family when known: only their jumps go (also the reference's old
+// "-s <subnet>" form); nil means every jump into the chain. chainExists says whether
+// the chain is there when post shows no jump to it.
+func planMasqXTDel(name string, addrs []netip.Prefix, post []xtRule, chainExists bool) []string {
 	var out []string
 	remaining := 0
 	for _, r := range post {
@@ -155,7 +150,7 @@ func planMasqXTGC(network string, keep cniplumb.Owners, post []xtRule) (lines []
 		stale = append(stale, r.target)
 	}
 	for _, chain := range stale {
-		lines = append(lines, planMasqXTDelChain(chain, nil, post, true)...)
+		lines = append(lines, planMasqXTDel(chain, nil, post, true)...)
 	}
 	return lines, stale
 }
@@ -171,15 +166,15 @@ func masqCommentOf(network, n, id string, r xtRule) bool {
 	return cut && (n == network || len(n) >= masqCommentRoom/2 && strings.HasPrefix(network, n))
 }
 
-// checkMasqXT compares family fam of p with the listings: nil chain (absent) is
+// checkMasqXT compares family fam of p with the listings: an absent chain is
 // IsNotFound; a missing rule or jump is an error naming it.
-func checkMasqXT(p MasqPlan, fam Family, chain []xtRule, chainExists bool, post []xtRule) error {
+func checkMasqXT(p MasqPlan, fam Family, own chainListing, post []xtRule) error {
 	name := MasqChain(p.Owner)
-	if !chainExists {
+	if !own.exists {
 		return notFound("%s: chain %s does not exist", fam, name)
 	}
 	for _, want := range masqXTChainRules(p.Owner, fam, p.Addrs) {
-		if !containsRule(chain, want) {
+		if !own.has(want) {
 			return fmt.Errorf("%s: rule %q is missing; run DEL and ADD again", fam, want)
 		}
 	}

@@ -42,7 +42,7 @@ func OpenMasq(want Kind) (MasqBackend, Kind, error) {
 		return nil, "", err
 	}
 	if k == KindIPTables {
-		return newMasqIPTables(hostXT(), lockIPTables("masq")), k, nil
+		return &MasqIPTables{hostXTLayout("masq")}, k, nil
 	}
 	return &MasqNFTables{s: hostNFTSocket()}, k, nil
 }
@@ -62,16 +62,9 @@ func RemoveMasq(ctx context.Context, o Owner, addrs []netip.Prefix) error {
 	if nftErr != nil && ProbeHost().NFTables {
 		errs = append(errs, nftErr)
 	}
-	fams := All
-	if len(addrs) > 0 {
-		fams = prefixFamilies(addrs)
-	}
 	var need Families
 	chain := MasqChain(o)
-	for _, fam := range []Family{IPv4, IPv6} {
-		if !fams.Has(fam) {
-			continue
-		}
+	for _, fam := range removalFamilies(addrs).list() {
 		may, err := xtablesMayHave(nft, fam, chain)
 		if err != nil {
 			errs = append(errs, err)
@@ -80,9 +73,7 @@ func RemoveMasq(ctx context.Context, o Owner, addrs []netip.Prefix) error {
 			need |= fam.bit()
 		}
 	}
-	if need != 0 {
-		errs = append(errs, newMasqIPTables(hostXT(), lockIPTables("masq")).removeFamilies(ctx, o, addrs, need))
-	}
+	errs = append(errs, (&MasqIPTables{hostXTLayout("masq")}).removeFamilies(ctx, o, addrs, need))
 	return errors.Join(errs...)
 }
 
@@ -101,7 +92,7 @@ func CheckMasq(ctx context.Context, want Kind, p MasqPlan) error {
 	var other MasqBackend
 	switch {
 	case k == KindNFTables && hostXT().Installed(IPv4) && (p.Families()&V6 == 0 || hostXT().Installed(IPv6)):
-		other = newMasqIPTables(hostXT(), lockIPTables("masq"))
+		other = &MasqIPTables{hostXTLayout("masq")}
 	case k == KindIPTables:
 		other = &MasqNFTables{s: hostNFTSocket()}
 	default:
@@ -124,7 +115,7 @@ func GCMasq(ctx context.Context, network string, keep cniplumb.Owners) error {
 		}
 	}
 	if p.IPTables {
-		if err := newMasqIPTables(hostXT(), lockIPTables("masq")).GC(ctx, network, keep); err != nil {
+		if err := (&MasqIPTables{hostXTLayout("masq")}).GC(ctx, network, keep); err != nil {
 			errs = append(errs, fmt.Errorf("iptables: %w", err))
 		}
 	}

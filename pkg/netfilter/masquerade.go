@@ -45,6 +45,14 @@ type MasqPlan struct {
 // Families returns the families of the plan's addresses.
 func (p MasqPlan) Families() Families { return prefixFamilies(p.Addrs) }
 
+// removalFamilies are the families DEL looks in: those of addrs when known, else both.
+func removalFamilies(addrs []netip.Prefix) Families {
+	if len(addrs) == 0 {
+		return All
+	}
+	return prefixFamilies(addrs)
+}
+
 func prefixFamilies(addrs []netip.Prefix) Families {
 	var s Families
 	for _, a := range addrs {
@@ -186,11 +194,7 @@ func NewMasqOn(k Kind, xt XTables, nc NFTConn) MasqBackend {
 	if k == KindNFTables {
 		return &MasqNFTables{s: nftSocketOn(nc)}
 	}
-	return newMasqIPTables(xt, func() (func(), error) { return noLock("") })
-}
-
-func newMasqIPTables(xt XTables, lock func() (func(), error)) *MasqIPTables {
-	return &MasqIPTables{xt: xt, lock: lock}
+	return &MasqIPTables{xtLayout{xt, func() (func(), error) { return noLock("") }}}
 }
 
 // MasqProbe is what the host offers for ipMasq, as ProbeMasq finds it.

@@ -62,8 +62,9 @@ func LockFile(path string) (unlock func(), err error) {
 // binary is probed once however many backends a plugin opens.
 var hostXT = sync.OnceValue(newExecXT)
 
-func lockIPTables(layout string) func() (func(), error) {
-	return func() (func(), error) { return lockNamed("iptables-" + layout) }
+// hostXTLayout is an iptables layout on the installed binaries, with its lock file.
+func hostXTLayout(layout string) xtLayout {
+	return xtLayout{hostXT(), func() (func(), error) { return lockNamed("iptables-" + layout) }}
 }
 
 // nftBuf is the send and receive buffer of podwire's nf_tables sockets. A batch goes
@@ -159,7 +160,7 @@ func OpenHostPorts(want Kind) (HostPortBackend, Kind, error) {
 	p := namedProbe(want)
 	if !want.Named() {
 		if hostXT().Installed(IPv4) {
-			return newHostPortIPTables(hostXT(), lockIPTables("hostport")), KindIPTables, nil
+			return &HostPortIPTables{hostXTLayout("hostport")}, KindIPTables, nil
 		}
 		nft := NewNFTables()
 		if nftUsable(nft) {
@@ -171,7 +172,7 @@ func OpenHostPorts(want Kind) (HostPortBackend, Kind, error) {
 		return nil, "", err
 	}
 	if k == KindIPTables {
-		return newHostPortIPTables(hostXT(), lockIPTables("hostport")), k, nil
+		return &HostPortIPTables{hostXTLayout("hostport")}, k, nil
 	}
 	return &HostPortNFTables{nft: NewNFTables()}, k, nil
 }

@@ -2,6 +2,7 @@ package netfilter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -30,10 +31,76 @@ type XTables interface {
 	Restore(ctx context.Context, fam Family, script string) error
 }
 
-// listXT lists one chain and parses its rules.
-func listXT(ctx context.Context, xt XTables, fam Family, table, chain string) ([]xtRule, bool, error) {
-	lines, exists, err := xt.List(ctx, fam, table, chain)
-	return parseXTRules(lines), exists, err
+// xtLayout is what both iptables layouts (host ports, ipMasq) stand on: the seam and
+// the lock that serializes podwire's own read-modify-write cycles of the layout. Both
+// layouts live in the nat table.
+type xtLayout struct {
+	xt   XTables
+	lock func() (func(), error)
+}
+
+// chainListing is one listed chain; exists is false when it is absent.
+type chainListing struct {
+	exists bool
+	rules  []xtRule
+}
+
+// has reports whether the listing holds the rule line (compared by arguments).
+func (l chainListing) has(line string) bool { return containsRule(l.rules, line) }
+
+func (b xtLayout) list(ctx context.Context, fam Family, chain string) (chainListing, error) {
+	lines, exists, err := b.xt.List(ctx, fam, "nat", chain)
+	return chainListing{exists: exists, rules: parseXTRules(lines)}, err
+}
+
+// restore runs lines as one `iptables-restore --noflush` transaction of the nat table;
+// no lines is nothing to do.
+func (b xtLayout) restore(ctx context.Context, fam Family, lines []string) error {
+	if len(lines) == 0 {
+		return nil
+	}
+	return b.xt.Restore(ctx, fam, "*nat\n"+strings.Join(lines, "\n")+"\nCOMMIT\n")
+}
+
+// apply runs fn for each family of fams under the lock and stops at the first error.
+func (b xtLayout) apply(fams Families, fn func(Family) error) error {
+	unlock, err := b.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	for _, fam := range fams.list() {
+		if err := fn(fam); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// cleanup runs fn under the lock for each family of fams whose tools are installed
+// (nothing could have made rules, or remove them, without; with no such family it
+// takes no lock) and goes on after an error: DEL and GC are best-effort and report
+// every failure.
+func (b xtLayout) cleanup(fams Families, fn func(Family) error) error {
+	var present []Family
+	for _, fam := range fams.list() {
+		if b.xt.Installed(fam) {
+			present = append(present, fam)
+		}
+	}
+	if len(present) == 0 {
+		return nil
+	}
+	unlock, err := b.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	var errs []error
+	for _, fam := range present {
+		errs = append(errs, fn(fam))
+	}
+	return errors.Join(errs...)
 }
 
 // maxChainName is iptables' limit on chain names (XT_EXTENSION_MAXNAMELEN - 1).
@@ -164,20 +231,6 @@ func FormatRuleArgs(args []string) string {
 func containsRule(have []xtRule, want string) bool {
 	w := xtTokens(want)
 	return slices.ContainsFunc(have, func(r xtRule) bool { return slices.Equal(r.args, w) })
-}
-
-// restoreScript accumulates the lines of one table for `iptables-restore --noflush`.
-type restoreScript struct {
-	table string
-	lines []string
-}
-
-func (s *restoreScript) add(lines ...string) { s.lines = append(s.lines, lines...) }
-
-func (s *restoreScript) empty() bool { return len(s.lines) == 0 }
-
-func (s *restoreScript) String() string {
-	return "*" + s.table + "\n" + strings.Join(s.lines, "\n") + "\nCOMMIT\n"
 }
 
 func prefixArg(p netip.Prefix) string { return p.Masked().String() }
