@@ -84,27 +84,6 @@ func HostPortChain(network, containerID string) string {
 	return (hostPortChainPrefix + hex.EncodeToString(sum[:]))[:maxChainName]
 }
 
-// condArgs renders a plan's conditions as iptables match arguments.
-func condArgs(c Match) string {
-	var a []string
-	if c.Src.IsValid() {
-		if c.NotSrc {
-			a = append(a, "!")
-		}
-		a = append(a, "-s", prefixArg(c.Src))
-	}
-	if c.Dst.IsValid() {
-		if c.NotDst {
-			a = append(a, "!")
-		}
-		a = append(a, "-d", prefixArg(c.Dst))
-	}
-	if c.InIface != "" {
-		a = append(a, "-i", c.InIface)
-	}
-	return strings.Join(a, " ")
-}
-
 // hpRendered is one family of a plan in the iptables layout: the jumps into the
 // per-container chain (without "-A CNI-HOSTPORT-DNAT") and the chain's rules (without
 // "-A <chain>"), each with its tag's fingerprint.
@@ -132,7 +111,7 @@ func renderHostPortIPTables(fam Family, p HostPortPlan) (hpRendered, error) {
 		seen[k] = true
 		byProto[m.Proto] = append(byProto[m.Proto], strconv.Itoa(int(m.HostPort)))
 	}
-	cond := condArgs(p.Conditions[fam])
+	cond := strings.Join(matchArgs(p.Conditions[fam]), " ")
 	for _, pr := range slices.Sorted(maps.Keys(byProto)) {
 		ports := byProto[pr]
 		for len(ports) > 0 {

@@ -233,44 +233,13 @@ func containsRule(have []xtRule, want string) bool {
 	return slices.ContainsFunc(have, func(r xtRule) bool { return slices.Equal(r.args, w) })
 }
 
-func prefixArg(p netip.Prefix) string { return p.Masked().String() }
-
 // ruleArgs renders r with comment as iptables rule arguments, in the order
 // `iptables -S` prints them.
 func ruleArgs(r Rule, comment string) (string, error) {
 	if r.Family != IPv4 && r.Family != IPv6 {
 		return "", fmt.Errorf("rule %q: iptables rules need an IP family", r)
 	}
-	var a []string
-	m := r.Match
-	neg := func(n bool) {
-		if n {
-			a = append(a, "!")
-		}
-	}
-	if m.Src.IsValid() {
-		neg(m.NotSrc)
-		a = append(a, "-s", prefixArg(m.Src))
-	}
-	if m.Dst.IsValid() {
-		neg(m.NotDst)
-		a = append(a, "-d", prefixArg(m.Dst))
-	}
-	if m.InIface != "" {
-		a = append(a, "-i", m.InIface)
-	}
-	if m.Proto != "" {
-		a = append(a, "-p", string(m.Proto))
-	}
-	if m.DstPort != 0 {
-		a = append(a, "-m", string(m.Proto), "--dport", strconv.Itoa(int(m.DstPort)))
-	}
-	if m.DstLocal {
-		a = append(a, "-m", "addrtype", "--dst-type", "LOCAL")
-	}
-	if m.Mark != 0 {
-		a = append(a, "-m", "mark", "--mark", fmt.Sprintf("%#x/%#x", m.Mark, m.Mark))
-	}
+	a := matchArgs(r.Match)
 	if comment != "" {
 		a = append(a, "-m", "comment", "--comment", xtQuote(comment))
 	}
@@ -293,6 +262,39 @@ func ruleArgs(r Rule, comment string) (string, error) {
 		return "", fmt.Errorf("rule %q: no iptables target for action %d", r, act.Kind)
 	}
 	return strings.Join(a, " "), nil
+}
+
+// matchArgs renders m as iptables match arguments (portmap's conditions are a Match
+// too), in the order `iptables -S` prints them.
+func matchArgs(m Match) []string {
+	var a []string
+	addr := func(flag string, p netip.Prefix, not bool) {
+		if !p.IsValid() {
+			return
+		}
+		if not {
+			a = append(a, "!")
+		}
+		a = append(a, flag, p.Masked().String())
+	}
+	addr("-s", m.Src, m.NotSrc)
+	addr("-d", m.Dst, m.NotDst)
+	if m.InIface != "" {
+		a = append(a, "-i", m.InIface)
+	}
+	if m.Proto != "" {
+		a = append(a, "-p", string(m.Proto))
+	}
+	if m.DstPort != 0 {
+		a = append(a, "-m", string(m.Proto), "--dport", strconv.Itoa(int(m.DstPort)))
+	}
+	if m.DstLocal {
+		a = append(a, "-m", "addrtype", "--dst-type", "LOCAL")
+	}
+	if m.Mark != 0 {
+		a = append(a, "-m", "mark", "--mark", fmt.Sprintf("%#x/%#x", m.Mark, m.Mark))
+	}
+	return a
 }
 
 // validChainName reports whether s can be written into an iptables-restore line as a
