@@ -6,15 +6,13 @@ import (
 	"strings"
 )
 
-// This file is portmap's model: the hostPort forwards of one attachment as plain data
-// (HostPortPlan), the neutral rules they become, and the HostPortBackend interface the
-// plugin talks to. It is pure; the backends are in hostport_xt.go and hostport_nft.go.
+// portmap's model, pure: HostPortPlan, the neutral Rules it becomes, HostPortBackend.
+// The backends are in hostport_xt.go and hostport_nft.go.
 
-// HostPortFeature is portmap's nftables table, inet podwire_hostport, with base chains
-// prerouting and output (nat, priority -100) for the DNAT decision and postrouting
-// (nat, priority 100) for the masquerade of hairpin and localhost connections. The
-// iptables backend does not use PW- chains for host ports: it keeps the reference
-// portmap's layout so either binary can remove the other's rules (hostport_iptables.go).
+// HostPortFeature is portmap's nftables table, inet podwire_hostport: prerouting and
+// output take the DNAT decision, postrouting masquerades hairpin and localhost
+// connections. The iptables backend keeps the reference portmap's layout instead, so
+// either binary can remove the other's rules (hostport_iptables.go).
 var HostPortFeature = Feature{Name: "hostport", Hooks: []Hook{NATPrerouting, NATOutput, NATPostrouting}}
 
 // HostPort is one forwarded port to one pod address.
@@ -37,8 +35,7 @@ func (m HostPort) hostDst() netip.Prefix {
 	if !m.HostIP.IsValid() || m.HostIP.IsUnspecified() {
 		return netip.Prefix{}
 	}
-	a := m.HostIP.Unmap()
-	return netip.PrefixFrom(a, a.BitLen())
+	return hostPrefix(m.HostIP.Unmap())
 }
 
 // HostPortPlan is every hostPort rule one attachment owns. It is data: the plugin
@@ -77,9 +74,6 @@ func (p HostPortPlan) Families() Families {
 // Empty reports whether the plan forwards nothing.
 func (p HostPortPlan) Empty() bool { return len(p.Ports) == 0 }
 
-// marks reports whether the plan marks connections for masquerade.
-func (p HostPortPlan) marks() bool { return p.SNAT }
-
 // masquerades reports whether the plan needs a masquerade rule of its own.
 func (p HostPortPlan) masquerades() bool { return p.SNAT && p.SetMarkChain == "" }
 
@@ -105,7 +99,7 @@ func (p HostPortPlan) Validate() error {
 			return err
 		}
 	}
-	if p.marks() && p.SetMarkChain == "" && (p.Mark == 0 || p.Mark&(p.Mark-1) != 0) {
+	if p.SNAT && p.SetMarkChain == "" && (p.Mark == 0 || p.Mark&(p.Mark-1) != 0) {
 		return fmt.Errorf("mark %#x is not a single bit", p.Mark)
 	}
 	if p.SetMarkChain != "" && !validChainName(p.SetMarkChain) {
@@ -153,9 +147,7 @@ func condText(c Match) string {
 	return c.Dst.String()
 }
 
-var (
-	localhost4 = netip.MustParsePrefix("127.0.0.1/32")
-)
+var localhost4 = netip.MustParsePrefix("127.0.0.1/32")
 
 // markAction is what a marking rule does.
 func (p HostPortPlan) markAction() Action {
@@ -166,7 +158,7 @@ func (p HostPortPlan) markAction() Action {
 }
 
 // portRules returns, for one hook, each mapping of family fam as: the hairpin mark,
-// the localhost mark (IPv4, when withLocal and not masqAll), then the DNAT. The marks
+// the localhost mark (IPv4, when withLocalhost and not MasqAll), then the DNAT. The marks
 // carry no conditions: a mark only matters to the masquerade of connections that the
 // DNAT (which does carry them) sent to the pod.
 func (p HostPortPlan) portRules(fam Family, h Hook, local, withLocalhost, withConds bool) ([]Rule, error) {
@@ -176,7 +168,7 @@ func (p HostPortPlan) portRules(fam Family, h Hook, local, withLocalhost, withCo
 			continue
 		}
 		base := Match{Dst: m.hostDst(), DstLocal: local, Proto: m.Proto, DstPort: m.HostPort}
-		if p.marks() {
+		if p.SNAT {
 			hp := base
 			if !p.MasqAll {
 				hp.Src = m.Pod.Masked()
@@ -214,10 +206,10 @@ func (p HostPortPlan) podAddrs(fam Family) []netip.Addr {
 	return out
 }
 
-// Rules renders the plan as neutral rules in HostPortFeature: what the nftables
-// backend installs and the Fake records. Per family: prerouting holds the hairpin
-// marks and DNATs, output the same plus the localhost marks, postrouting one masquerade
-// per pod address for connections to it that carry the mark.
+// Rules renders the plan as neutral rules in HostPortFeature, for the nftables
+// backend. Per family: prerouting holds the hairpin marks and DNATs, output the same
+// plus the localhost marks, postrouting one masquerade per pod address for
+// connections to it that carry the mark.
 func (p HostPortPlan) Rules() (Plan, error) {
 	out := Plan{Feature: HostPortFeature, Owner: p.Owner}
 	if err := p.Validate(); err != nil {
@@ -237,7 +229,7 @@ func (p HostPortPlan) Rules() (Plan, error) {
 		if p.masquerades() {
 			for _, a := range p.podAddrs(fam) {
 				out.Rules = append(out.Rules, Rule{Hook: NATPostrouting, Family: fam,
-					Match:  Match{Dst: netip.PrefixFrom(a, a.BitLen()), Mark: p.Mark},
+					Match:  Match{Dst: hostPrefix(a), Mark: p.Mark},
 					Action: Action{Kind: Masquerade}})
 			}
 		}

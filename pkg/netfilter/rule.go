@@ -1,8 +1,8 @@
 // Package netfilter is podwire's packet-filter layer, shared by bridge (ipMasq,
-// macspoofchk) and portmap. An attachment's rules are described as plain data (a
-// HostPortPlan, a MasqPlan, or a Plan of backend-neutral Rules) owned by one
-// cniplumb.Owner; a layout renders them into one program's kernel objects and
-// recognizes them again for CHECK, DEL and GC, whatever else the node holds:
+// macspoofchk) and portmap. An attachment's rules are plain data (a HostPortPlan, a
+// MasqPlan, or a Plan of backend-neutral Rules) owned by one cniplumb.Owner; a layout
+// renders them into one program's kernel objects and recognizes them again for CHECK,
+// DEL and GC, whatever else the node holds:
 //
 //	portmap, iptables   the reference's CNI-HOSTPORT-DNAT/-MASQ and CNI-DN-<hash> (hostport_iptables.go)
 //	portmap, nftables   podwire's table inet podwire_hostport (hostport_nft.go)
@@ -10,10 +10,8 @@
 //	ipMasq, nftables    the reference's table inet cni_plugins_masquerade (masq_nft_layout.go)
 //	macspoofchk         podwire's table bridge podwire_macspoof (nft_tables.go)
 //
-// Layouts run on two narrow seams: XTables (`iptables -S` of one chain, -C, and one
-// `iptables-restore --noflush` per change, through github.com/coreos/go-iptables and
-// the binary) and NFTConn (a github.com/google/nftables connection, one atomic batch
-// per change). Package fake implements both in memory for unit tests.
+// Layouts run on two seams, XTables (xtables.go) and NFTConn (nft_layout.go); package
+// fake implements both in memory for unit tests.
 package netfilter
 
 import (
@@ -82,15 +80,13 @@ func (s Families) list() []Family {
 }
 
 // Hook is a base chain a feature hangs its rules off: a netfilter hook, a chain type
-// and a priority. In iptables it is the built-in chain of the same name in the table
-// named by Type.
+// and a priority.
 type Hook struct {
 	Name     string // prerouting, input, forward, output, postrouting
 	Type     string // nat or filter
 	Priority int32  // nftables priority
 }
 
-// The hooks features use.
 var (
 	NATPrerouting  = Hook{Name: "prerouting", Type: "nat", Priority: -100}
 	NATOutput      = Hook{Name: "output", Type: "nat", Priority: -100}
@@ -100,17 +96,12 @@ var (
 	BridgePrerouting = Hook{Name: "prerouting", Type: "filter", Priority: -300}
 )
 
-// Feature names a group of rules with its own kernel objects, so features never touch
-// each other's rules.
+// Feature names a group of rules with its own nftables table, podwire_<Name>, so
+// features never touch each other's rules.
 type Feature struct {
-	// Name is a short lower-case word ("masq", "hostport"); it names the nftables table
-	// podwire_<name> and the iptables chains PW-<NAME>-<HOOK>.
-	Name string
-	// Hooks are the base chains the feature's rules go into.
-	Hooks []Hook
-	// Bridge puts the feature in an nftables table of the bridge family (layer 2
-	// rules). Such features have no iptables implementation.
-	Bridge bool
+	Name   string // a short lower-case word ("hostport", "macspoof")
+	Hooks  []Hook // the base chains the feature's rules go into
+	Bridge bool   // a table of the bridge family (layer 2 rules) instead of inet
 }
 
 // Proto is a layer-4 protocol a rule can match.
@@ -157,12 +148,11 @@ var actionNames = map[ActionKind]string{Return: "return", Accept: "accept", Drop
 
 // Action is a rule's verdict or target.
 type Action struct {
-	Kind ActionKind
-	Addr netip.Addr
-	Port uint16
-	Mark uint32
-	// Chain is the target of a Jump.
-	Chain string
+	Kind  ActionKind
+	Addr  netip.Addr
+	Port  uint16
+	Mark  uint32
+	Chain string // the target of a Jump
 }
 
 // Rule is one backend-neutral rule in a feature's base chain.
