@@ -157,24 +157,24 @@ func namedProbe(want Kind) Probe {
 // the faster, exec-free backend. A backend asked for by name but missing is a code-50
 // error.
 func OpenHostPorts(want Kind) (HostPortBackend, Kind, error) {
-	p := namedProbe(want)
-	if !want.Named() {
-		if hostXT().Installed(IPv4) {
-			return &HostPortIPTables{hostXTLayout("hostport")}, KindIPTables, nil
-		}
-		nft := NewNFTables()
-		if nftUsable(nft) {
-			return &HostPortNFTables{nft: nft}, KindNFTables, nil
-		}
+	nft, k, err := NewNFTables(), want, error(nil)
+	switch {
+	case want.Named():
+		k, err = Pick(want, namedProbe(want))
+	case hostXT().Installed(IPv4):
+		k = KindIPTables
+	case nftUsable(nft):
+		k = KindNFTables
+	default:
+		_, err = Pick(Auto, Probe{})
 	}
-	k, err := Pick(want, p)
 	if err != nil {
 		return nil, "", err
 	}
 	if k == KindIPTables {
 		return &HostPortIPTables{hostXTLayout("hostport")}, k, nil
 	}
-	return &HostPortNFTables{nft: NewNFTables()}, k, nil
+	return &HostPortNFTables{nft: nft}, k, nil
 }
 
 // nftUsable reports whether the kernel answers nf_tables requests, asked on b's own
