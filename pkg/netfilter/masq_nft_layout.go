@@ -38,14 +38,12 @@ func masqNFTChains(t *nftables.Table) (checks, post *nftables.Chain) {
 			Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept}
 }
 
+var nfprotos = map[Family]byte{IPv4: unix.NFPROTO_IPV4, IPv6: unix.NFPROTO_IPV6}
+
 // nfproto matches the packet's family (the dependency nft adds before "ip"/"ip6"
 // matches in an inet table).
 func nfproto(f Family) []expr.Any {
-	p := byte(unix.NFPROTO_IPV4)
-	if f == IPv6 {
-		p = unix.NFPROTO_IPV6
-	}
-	return []expr.Any{&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{p}}}
+	return []expr.Any{&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{nfprotos[f]}}}
 }
 
 // addrField returns the network-header offset and length of the source or destination
@@ -195,10 +193,7 @@ func (b *MasqNFTables) xtablesChainExists(fam Family, chain string) (bool, error
 		return false, err
 	}
 	defer done()
-	tf := nftables.TableFamilyIPv4
-	if fam == IPv6 {
-		tf = nftables.TableFamilyIPv6
-	}
+	tf := map[Family]nftables.TableFamily{IPv4: nftables.TableFamilyIPv4, IPv6: nftables.TableFamilyIPv6}[fam]
 	_, err = c.ListChain(&nftables.Table{Name: "nat", Family: tf}, chain)
 	if err == nil || isNoEnt(err) {
 		return err == nil, nil

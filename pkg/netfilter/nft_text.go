@@ -16,18 +16,14 @@ import (
 
 // NFTFamily is the nft tool's name of a table family.
 func NFTFamily(f nftables.TableFamily) string {
-	switch f {
-	case nftables.TableFamilyINet:
-		return "inet"
-	case nftables.TableFamilyIPv4:
-		return "ip"
-	case nftables.TableFamilyIPv6:
-		return "ip6"
-	case nftables.TableFamilyBridge:
-		return "bridge"
+	if s, ok := nftFamilies[f]; ok {
+		return s
 	}
 	return strconv.Itoa(int(f))
 }
+
+var nftFamilies = map[nftables.TableFamily]string{nftables.TableFamilyINet: "inet",
+	nftables.TableFamilyIPv4: "ip", nftables.TableFamilyIPv6: "ip6", nftables.TableFamilyBridge: "bridge"}
 
 // DescribeRule renders an nftables rule in nft's words for the expression shapes this
 // package writes (an expression it does not know shows as its Go type), followed by

@@ -136,11 +136,7 @@ func nftExprs(f Feature, r Rule) ([]expr.Any, error) {
 	case Masquerade:
 		e = append(e, &expr.Masq{})
 	case DNAT:
-		nfproto := uint32(unix.NFPROTO_IPV4)
-		if r.Family == IPv6 {
-			nfproto = unix.NFPROTO_IPV6
-		}
-		nat := &expr.NAT{Type: expr.NATTypeDestNAT, Family: nfproto, RegAddrMin: 1}
+		nat := &expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(nfprotos[r.Family]), RegAddrMin: 1}
 		e = append(e, &expr.Immediate{Register: 1, Data: addrBytes(a.Addr)})
 		if a.Port != 0 {
 			e = append(e, &expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(a.Port)})

@@ -196,19 +196,9 @@ func xtTokens(line string) []string {
 // xtQuote quotes s for an iptables-restore line the way `iptables -S` prints
 // comments: in double quotes, with `"` and `\` escaped. Whatever s holds, it stays one
 // argument: no input can end the comment and add matches or a target.
-func xtQuote(s string) string {
-	var b strings.Builder
-	b.Grow(len(s) + 2)
-	b.WriteByte('"')
-	for i := 0; i < len(s); i++ {
-		if s[i] == '"' || s[i] == '\\' {
-			b.WriteByte('\\')
-		}
-		b.WriteByte(s[i])
-	}
-	b.WriteByte('"')
-	return b.String()
-}
+func xtQuote(s string) string { return `"` + xtEscaper.Replace(s) + `"` }
+
+var xtEscaper = strings.NewReplacer(`"`, `\"`, `\`, `\\`)
 
 // SplitRuleArgs splits an iptables rule line into arguments as iptables-restore does.
 func SplitRuleArgs(line string) []string { return xtTokens(line) }
@@ -300,15 +290,8 @@ func matchArgs(m Match) []string {
 // validChainName reports whether s can be written into an iptables-restore line as a
 // chain name without changing the line's meaning.
 func validChainName(s string) bool {
-	if s == "" || len(s) > maxChainName || s[0] == '-' || s[0] == '!' {
-		return false
+	bad := func(c rune) bool {
+		return !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.ContainsRune("_-.", c))
 	}
-	for _, c := range s {
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '_', c == '-', c == '.':
-		default:
-			return false
-		}
-	}
-	return true
+	return s != "" && len(s) <= maxChainName && s[0] != '-' && !strings.ContainsFunc(s, bad)
 }
