@@ -9,9 +9,8 @@ import (
 )
 
 // NFTables is the backend of podwire's own nftables tables: each Feature lives in a
-// table podwire_<feature> with one base chain per hook, and every rule carries its
-// owner's Tag as comment. The table is created with the first rule and deleted with
-// the last. Netlink only, no exec.
+// table podwire_<feature> with one base chain per hook, created with the first rule
+// and deleted with the last; every rule carries its owner's Tag as comment.
 type NFTables struct {
 	s *nftSocket
 }
