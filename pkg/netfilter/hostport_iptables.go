@@ -61,7 +61,7 @@ var (
 	hpEntryPost = hpEntry{"POSTROUTING", hpEntryMasq}
 )
 
-func (e hpEntry) args() []string { return xtTokens(e.rule) }
+func (e hpEntry) args() []string { return SplitRuleArgs(e.rule) }
 
 // multiportMax is how many ports one multiport match takes.
 const multiportMax = 15
@@ -191,6 +191,7 @@ func planHostPortIPTables(fam Family, st hpState, ch hpChange) ([]string, error)
 			return nil, err
 		}
 	}
+	declare := func(chain string) { decl = append(decl, ":"+chain+" - [0:0]") }
 	removeRule := func(r xtRule, chain string) bool {
 		return (r.ours && ch.removeIDs[r.tag.ID]) || (!r.ours && ch.chains[chain])
 	}
@@ -199,9 +200,7 @@ func planHostPortIPTables(fam Family, st hpState, ch hpChange) ([]string, error)
 	// for the chains being replaced; count what stays per chain.
 	remaining := map[string]int{}
 	affected := map[string]bool{}
-	for c := range ch.chains {
-		affected[c] = true
-	}
+	maps.Copy(affected, ch.chains)
 	topLeft := 0
 	for _, r := range st.top.rules {
 		if strings.HasPrefix(r.target, hostPortChainPrefix) && removeRule(r, r.target) {
@@ -212,14 +211,10 @@ func planHostPortIPTables(fam Family, st hpState, ch hpChange) ([]string, error)
 		topLeft++
 		remaining[r.target]++
 	}
-	var chains []string
-	for c := range affected {
-		if strings.HasPrefix(c, hostPortChainPrefix) && validChainName(c) {
-			chains = append(chains, c)
+	for _, c := range slices.Sorted(maps.Keys(affected)) {
+		if !strings.HasPrefix(c, hostPortChainPrefix) || !validChainName(c) {
+			continue
 		}
-	}
-	slices.Sort(chains)
-	for _, c := range chains {
 		switch {
 		case remaining[c] > 0:
 			// Shared with an attachment that stays: remove rule by rule.
@@ -228,7 +223,7 @@ func planHostPortIPTables(fam Family, st hpState, ch hpChange) ([]string, error)
 				return nil, errNeed(c)
 			}
 			if !l.exists {
-				decl = append(decl, ":"+c+" - [0:0]")
+				declare(c)
 			}
 			for _, r := range l.rules {
 				if removeRule(r, c) {
@@ -238,10 +233,10 @@ func planHostPortIPTables(fam Family, st hpState, ch hpChange) ([]string, error)
 		case c == rend.chain:
 			// Declaring an existing chain in --noflush mode flushes it: create or
 			// empty it without having to list it.
-			decl = append(decl, ":"+c+" - [0:0]")
+			declare(c)
 		default:
 			// Delete it whether or not it exists: declare (create or flush), then -X.
-			decl = append(decl, ":"+c+" - [0:0]")
+			declare(c)
 			post = append(post, "-X "+c)
 		}
 	}
@@ -251,7 +246,7 @@ func planHostPortIPTables(fam Family, st hpState, ch hpChange) ([]string, error)
 		// existing one they are checked, since someone may have flushed PREROUTING or
 		// OUTPUT (the reference re-adds its jumps on every ADD, too).
 		if !st.top.exists {
-			decl = append(decl, ":"+HostPortDNATChain+" - [0:0]")
+			declare(HostPortDNATChain)
 			adds = append(adds, "-A PREROUTING "+hpEntryDNAT, "-A OUTPUT "+hpEntryDNAT)
 		} else {
 			if st.entries == nil {
@@ -275,7 +270,7 @@ func planHostPortIPTables(fam Family, st hpState, ch hpChange) ([]string, error)
 			}
 			rule := hpMasqRule(ch.add.Mark)
 			if !st.masq.exists {
-				decl = append(decl, ":"+HostPortMasqChain+" - [0:0]")
+				declare(HostPortMasqChain)
 				adds = append(adds, "-I POSTROUTING 1 "+hpEntryMasq)
 			} else if st.entries == nil {
 				return nil, errNeedEntries
@@ -308,11 +303,11 @@ func planHostPortIPTables(fam Family, st hpState, ch hpChange) ([]string, error)
 			if st.entries[hpEntryPost] {
 				dels = append(dels, "-D POSTROUTING "+hpEntryMasq)
 			}
-			decl = append(decl, ":"+HostPortMasqChain+" - [0:0]")
+			declare(HostPortMasqChain)
 			post = append(post, "-X "+HostPortMasqChain)
 		}
 		// The reference's mark chain, unused once CNI-HOSTPORT-DNAT is gone.
-		decl = append(decl, ":"+HostPortSetMarkChain+" - [0:0]")
+		declare(HostPortSetMarkChain)
 		post = append(post, "-X "+HostPortSetMarkChain)
 	}
 

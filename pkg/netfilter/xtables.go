@@ -10,15 +10,13 @@ import (
 	"strings"
 )
 
-// This file is the seam between podwire's iptables layouts and the iptables tools:
-// the xtables interface (what the layouts may ask of iptables), iptables-restore
-// scripts, and the parsing of `iptables -S <chain>` listings. It is pure; the exec
-// side is xtables_linux.go, the in-memory one package fake.
+// The seam between podwire's iptables layouts and the iptables tools, what the layouts
+// share, and the parsing of `iptables -S <chain>` listings. Pure: the exec side is
+// xtables_linux.go, the in-memory one package fake.
 
-// XTables is everything the iptables layouts do with iptables: the seam between them
-// and the iptables tools (the installed binaries, or a fake kernel in tests). Layouts
-// list only chains they own or the built-in chains they hang off, never a whole table,
-// so their cost stays flat however many rules other programs keep.
+// XTables is everything the iptables layouts do with iptables. They list only chains
+// they own or the built-in chains they hang off, never a whole table, so their cost
+// stays flat however many rules other programs keep.
 type XTables interface {
 	// Installed reports whether fam's iptables and iptables-restore are there.
 	Installed(fam Family) bool
@@ -31,9 +29,8 @@ type XTables interface {
 	Restore(ctx context.Context, fam Family, script string) error
 }
 
-// xtLayout is what both iptables layouts (host ports, ipMasq) stand on: the seam and
-// the lock that serializes podwire's own read-modify-write cycles of the layout. Both
-// layouts live in the nat table.
+// xtLayout is what both iptables layouts (host ports, ipMasq; both in the nat table)
+// stand on: the seam and the lock serializing podwire's read-modify-write cycles.
 type xtLayout struct {
 	xt   XTables
 	lock func() (func(), error)
@@ -78,9 +75,8 @@ func (b xtLayout) apply(fams Families, fn func(Family) error) error {
 }
 
 // cleanup runs fn under the lock for each family of fams whose tools are installed
-// (nothing could have made rules, or remove them, without; with no such family it
-// takes no lock) and goes on after an error: DEL and GC are best-effort and report
-// every failure.
+// (without them nothing made rules, or can remove them; with none, no lock is taken)
+// and goes on after an error: DEL and GC are best-effort and report every failure.
 func (b xtLayout) cleanup(fams Families, fn func(Family) error) error {
 	var present []Family
 	for _, fam := range fams.list() {
@@ -123,7 +119,7 @@ type xtRule struct {
 
 // parseXTRule parses one listed "-A" line.
 func parseXTRule(line string) xtRule {
-	r := xtRule{line: line, args: xtTokens(line)}
+	r := xtRule{line: line, args: SplitRuleArgs(line)}
 	if len(r.args) > 1 {
 		r.chain = r.args[1]
 	}
@@ -161,9 +157,9 @@ func parseXTRules(lines []string) []xtRule {
 // deleteLine turns a listed rule into the restore line that deletes it.
 func (r xtRule) deleteLine() string { return "-D" + strings.TrimPrefix(r.line, "-A") }
 
-// xtTokens splits an iptables rule line into arguments as iptables-restore does:
+// SplitRuleArgs splits an iptables rule line into arguments as iptables-restore does:
 // spaces separate, double quotes group, a backslash escapes the next character.
-func xtTokens(line string) []string {
+func SplitRuleArgs(line string) []string {
 	var out []string
 	var cur strings.Builder
 	inQ, have, esc := false, false, false
@@ -200,9 +196,6 @@ func xtQuote(s string) string { return `"` + xtEscaper.Replace(s) + `"` }
 
 var xtEscaper = strings.NewReplacer(`"`, `\"`, `\`, `\\`)
 
-// SplitRuleArgs splits an iptables rule line into arguments as iptables-restore does.
-func SplitRuleArgs(line string) []string { return xtTokens(line) }
-
 // FormatRuleArgs prints rule arguments as `iptables -S` does: comments (and anything
 // with a space, quote or backslash) quoted.
 func FormatRuleArgs(args []string) string {
@@ -219,7 +212,7 @@ func FormatRuleArgs(args []string) string {
 // containsRule reports whether have holds the rule line want, compared by arguments
 // so quoting does not matter.
 func containsRule(have []xtRule, want string) bool {
-	w := xtTokens(want)
+	w := SplitRuleArgs(want)
 	return slices.ContainsFunc(have, func(r xtRule) bool { return slices.Equal(r.args, w) })
 }
 
