@@ -14,10 +14,9 @@ import (
 	"github.com/podwire/podwire/pkg/cniplumb"
 )
 
-// This file is what bridge's verbs call for ipMasq: the backend choice for ADD, and
-// DEL, CHECK and GC across both layouts, as the reference does (its DEL and GC tear
-// down iptables and nftables alike, since a pod may have been made with another
-// backend or another binary).
+// What bridge's verbs call for ipMasq: the backend choice for ADD, and DEL, CHECK and
+// GC across both layouts, as the reference's DEL and GC do (a pod may have been made
+// with another backend or another binary).
 
 // ProbeMasq finds what the host offers for ipMasq: ProbeHost, plus, when both
 // backends are there (only then does it change the choice), whether the reference
@@ -48,13 +47,9 @@ func OpenMasq(want Kind) (MasqBackend, Kind, error) {
 }
 
 // RemoveMasq is ipMasq's DEL: it removes o's masquerade from both layouts, whichever
-// backend is configured. The nftables side is netlink only. The iptables side execs
-// only for a family where o's chain may exist: on iptables-nft that is one netlink
-// lookup of the chain in table ip (ip6) nat; on iptables-legacy the chain can only
-// exist once the legacy nat table has been used in this netns
-// (/proc/net/ip_tables_names), and then it costs the iptables listing. addrs are the
-// pod's addresses when known (see MasqBackend.Remove). A backend the node does not
-// offer is skipped, as the reference skips it.
+// backend is configured, skipping one the node does not offer (as the reference
+// does). The iptables side execs only for a family where o's chain may exist
+// (xtablesMayHave). addrs are the pod's addresses when known (see MasqBackend.Remove).
 func RemoveMasq(ctx context.Context, o Owner, addrs []netip.Prefix) error {
 	var errs []error
 	nft := &MasqNFTables{s: hostNFTSocket()}
@@ -66,9 +61,7 @@ func RemoveMasq(ctx context.Context, o Owner, addrs []netip.Prefix) error {
 	chain := MasqChain(o)
 	for _, fam := range removalFamilies(addrs).list() {
 		may, err := xtablesMayHave(nft, fam, chain)
-		if err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, err)
 		if may {
 			need |= fam.bit()
 		}
@@ -145,30 +138,28 @@ func modeOfBinary(resolved string) xtablesMode {
 }
 
 // xtablesMayHave reports whether chain may exist in fam's iptables nat table, as
-// cheaply as that can be known; true means "list it to find out".
+// cheaply as that can be known; true means "list it to find out". On iptables-nft
+// that is one netlink lookup of the chain in table ip (ip6) nat; on iptables-legacy
+// the chain can only exist once the legacy nat table has been used in this netns.
 func xtablesMayHave(nft *MasqNFTables, fam Family, chain string) (bool, error) {
 	bin, _ := binaries(fam)
-	mode := xtUnknown
-	if path, err := exec.LookPath(bin); err == nil {
-		if resolved, err := filepath.EvalSymlinks(path); err == nil {
-			mode = modeOfBinary(resolved)
-		}
-	} else {
+	path, err := exec.LookPath(bin)
+	if err != nil {
 		// No iptables: only a chain iptables-nft left behind could be there, and it
 		// could not be removed without the binary.
-		exists, err := nft.xtablesChainExists(fam, chain)
-		if err == nil && exists {
+		if exists, err := nft.xtablesChainExists(fam, chain); err == nil && exists {
 			return false, fmt.Errorf("%s masquerade chain %s exists in the nat table but %s is not installed; install iptables so DEL can remove it", fam, chain, bin)
 		}
 		return false, nil
 	}
-	switch mode {
+	resolved, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return true, nil
+	}
+	switch modeOfBinary(resolved) {
 	case xtNFT:
 		exists, err := nft.xtablesChainExists(fam, chain)
-		if err != nil {
-			return true, nil // cannot tell: list it
-		}
-		return exists, nil
+		return exists || err != nil, nil // an error: cannot tell, so list it
 	case xtLegacy:
 		return legacyNATInUse(fam), nil
 	}
@@ -192,8 +183,8 @@ func legacyNATInUse(fam Family) bool {
 
 // refCanUseNFT reports whether the reference plugin could drive nftables on this host:
 // it runs `nft` and requires version 1.0.1 or later (knftables). The verdict is cached
-// per nft binary (cniplumb.FileVerdict), so only the first call after an nft install
-// or upgrade runs `nft --version`.
+// per nft binary (cniplumb.FileVerdict): only the first call after an nft install or
+// upgrade runs `nft --version`.
 func refCanUseNFT() bool {
 	path, err := exec.LookPath("nft")
 	if err != nil {

@@ -10,15 +10,13 @@ import (
 	"strings"
 )
 
-// This file is bridge's ipMasq: the masquerade of one attachment as plain data
-// (MasqPlan), the kernel names it gets, the MasqBackend interface and the backend
-// choice. It is pure; the backends are in masq_xt.go and masq_nft_layout.go.
+// bridge's ipMasq, pure: MasqPlan, its kernel names, MasqBackend and the backend
+// choice. The backends are in masq_xt.go and masq_nft_layout.go.
 //
-// Unlike the other features of this package, ipMasq does not live in objects of
-// podwire's own: it uses exactly the reference bridge plugin's layout (plugins v1.10.0,
-// pkg/ip/ipmasq_*_linux.go), so a node can swap binaries under live pods. The
-// reference's DEL finds and removes what podwire's ADD made, and podwire's DEL finds
-// what the reference's ADD made, in either backend:
+// ipMasq lives in no objects of podwire's own: it uses exactly the reference bridge
+// plugin's layout (plugins v1.10.0, pkg/ip/ipmasq_*_linux.go), so a node can swap
+// binaries under live pods: each binary's DEL finds what the other's ADD made, in
+// either backend:
 //
 //	iptables: chain CNI-<sha512(network+containerID)[:24 hex]> in the nat table, with
 //	          "-d <subnet> -j ACCEPT" per subnet and "! -d 224.0.0.0/4 -j MASQUERADE"
@@ -106,9 +104,8 @@ func sha512Hex(s string, n int) string {
 	return hex.EncodeToString(sum[:])[:n]
 }
 
-// MasqChain is the reference's iptables chain for o's masquerade:
-// "CNI-" + 24 hex digits of sha512(network + containerID). The interface name is not
-// part of it.
+// MasqChain is the reference's iptables chain for o's masquerade: "CNI-" + 24 hex
+// digits of sha512(network + containerID), without the interface name.
 func MasqChain(o Owner) string { return "CNI-" + sha512Hex(o.Network+o.ContainerID, 24) }
 
 // masqComment is the reference's iptables comment on every masquerade rule of o,
@@ -171,21 +168,17 @@ const masqNFTCommentMax = 128
 func masqNFTComment(o Owner) string {
 	strip := func(s string) string { return strings.ReplaceAll(s, `"`, "") }
 	c := fmt.Sprintf("%s, net: %s, if: %s, id: %s", masqInstance(o), strip(o.Network), strip(o.IfName), strip(o.ContainerID))
-	if len(c) > masqNFTCommentMax {
-		c = c[:masqNFTCommentMax]
-	}
-	return c
+	return c[:min(len(c), masqNFTCommentMax)]
 }
 
 // MasqBackend installs and removes masquerades in the reference plugin's layout of
-// one backend. Apply gives p.Owner exactly p's rules: on iptables it keeps what is
-// there and adds what is missing (as the reference's AppendUnique does), on nftables
-// it replaces the owner's rules in one batch. Removal knows
-// the pod's addresses when prevResult has them: iptables then only touches their
-// families and their jumps (a chain shared with another interface of the same
-// container stays while that one uses it); without them everything of the owner
-// goes, in both families. The iptables layout knows no interface name, so there GC
-// keeps an attachment when keep holds any interface of its container in network.
+// one backend. Apply gives p.Owner p's rules: iptables adds what is missing (as the
+// reference's AppendUnique), nftables replaces the owner's rules in one batch.
+// Removal knows the pod's addresses when prevResult has them: iptables then touches
+// only their families and jumps (a chain shared with another interface of the same
+// container stays while that one uses it); without them all of the owner's goes, in
+// both families. iptables knows no interface name, so there GC keeps an attachment
+// when keep holds any interface of its container in network.
 type MasqBackend = Backend[MasqPlan, []netip.Prefix]
 
 // NewMasqOn returns the ipMasq backend of kind k on the given seams (a fake kernel in
