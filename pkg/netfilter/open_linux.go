@@ -67,13 +67,12 @@ func hostXTLayout(layout string) xtLayout {
 	return xtLayout{hostXT(), func() (func(), error) { return lockNamed("iptables-" + layout) }}
 }
 
-// nftBuf is the send and receive buffer of podwire's nf_tables sockets. A batch goes
-// to the kernel as one message, which must fit the send buffer; the kernel answers
-// every message of it (google/nftables asks for an acknowledgement of each, and an
-// echo of each new rule) before the plugin reads any answer. With the default buffers
-// a batch of a few hundred rules fails (EMSGSIZE sending, ENOBUFS receiving). 64 MiB
-// is room for some 30,000 rules (a pod with 2,000 dual-stack host ports); memory is
-// only used while a batch or its answers wait.
+// nftBuf is the send and receive buffer of podwire's nf_tables sockets. A batch is one
+// message, which must fit the send buffer, and the kernel answers each message of it
+// (google/nftables asks for an acknowledgement of each and an echo of each new rule)
+// before the plugin reads: with the default buffers a few hundred rules fail
+// (EMSGSIZE, ENOBUFS). 64 MiB holds some 30,000 rules (2,000 dual-stack host ports on
+// one pod); the memory is used only while a batch or its answers wait.
 const nftBuf = 64 << 20
 
 // dialNFT opens a lasting nf_tables socket in the current network namespace.
@@ -150,12 +149,11 @@ func namedProbe(want Kind) Probe {
 }
 
 // OpenHostPorts returns the host-port backend for want and the kind it chose. Auto
-// picks what the reference portmap picks when its "backend" is unset — iptables when
-// iptables and iptables-restore are installed, nftables otherwise — because the
-// reference's DEL only looks in its own default backend: a node that switches back to
-// the reference under live pods must find their rules there. Configure "nftables" for
-// the faster, exec-free backend. A backend asked for by name but missing is a code-50
-// error.
+// picks what the reference portmap picks with "backend" unset (iptables when installed,
+// else nftables), because the reference's DEL only looks in its own default backend:
+// a node that switches back to the reference under live pods must find their rules
+// there. "nftables" is the faster, exec-free choice. A backend asked for by name but
+// missing is a code-50 error.
 func OpenHostPorts(want Kind) (HostPortBackend, Kind, error) {
 	nft, k, err := NewNFTables(), want, error(nil)
 	switch {

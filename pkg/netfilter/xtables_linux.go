@@ -28,7 +28,9 @@ type execXT struct {
 	ipts map[Family]*iptables.IPTables
 }
 
-func newExecXT() *execXT { return &execXT{lockWait: 5 * time.Second, attempts: 2} }
+func newExecXT() *execXT {
+	return &execXT{lockWait: 5 * time.Second, attempts: 2, ipts: map[Family]*iptables.IPTables{}}
+}
 
 func binaries(fam Family) (list, restore string) {
 	if fam == IPv6 {
@@ -51,17 +53,11 @@ func (x *execXT) ipt(fam Family) (*iptables.IPTables, error) {
 	if h := x.ipts[fam]; h != nil {
 		return h, nil
 	}
-	proto := iptables.ProtocolIPv4
-	if fam == IPv6 {
-		proto = iptables.ProtocolIPv6
-	}
+	proto := map[Family]iptables.Protocol{IPv4: iptables.ProtocolIPv4, IPv6: iptables.ProtocolIPv6}[fam]
 	h, err := iptables.New(iptables.IPFamily(proto), iptables.Timeout(int(x.lockWait/time.Second)))
 	if err != nil {
 		list, _ := binaries(fam)
 		return nil, fmt.Errorf("probing %s: %w; install iptables or configure the nftables backend", list, err)
-	}
-	if x.ipts == nil {
-		x.ipts = map[Family]*iptables.IPTables{}
 	}
 	x.ipts[fam] = h
 	return h, nil
