@@ -24,20 +24,18 @@ import (
 //	                    -s 127.0.0.1/32 -p tcp -m tcp --dport 8080 ... -j MARK --set-xmark 0x2000/0x2000
 //	                    -p tcp -m tcp --dport 8080 ... -j DNAT --to-destination <pod>:80
 //
-// CNI-DN-<hash> is the reference's per-container chain name (network + container ID),
-// entered from CNI-HOSTPORT-DNAT by a jump whose last words are "-j CNI-DN-<hash>":
-// exactly what the reference's DEL deletes. Every rule of ours in those chains carries
-// our owner tag (which includes the interface name), so two attachments of one network
-// to one container share the chain without touching each other's rules. The shared
-// chains are the reference's too, with the reference's exact rule text, so neither
-// binary duplicates them; podwire removes them when the last host port goes (the
-// reference never does). Anyone may flush a built-in chain or a shared one: every ADD
-// puts back missing entry jumps, and DEL and GC remove an attachment's chain by its
-// derived name even when no jump leads to it any more.
+// CNI-DN-<hash> is the reference's per-container chain (network + container ID),
+// entered by a jump ending in "-j CNI-DN-<hash>": exactly what the reference's DEL
+// deletes. Our rules there carry our owner tag (which includes the interface name), so
+// two attachments of one network to one container share the chain without touching
+// each other's rules. The shared chains and their rule text are the reference's, so
+// neither binary duplicates them; podwire removes them with the last host port (the
+// reference never does). Anyone may flush a built-in or shared chain: every ADD puts
+// back missing entry jumps, and DEL and GC remove an attachment's chain by its derived
+// name even when no jump leads to it any more.
 //
-// This file is pure: it renders and plans iptables-restore transactions from listings
-// of these chains only (never a whole table). The exec side is
-// hostport_xt.go.
+// This file is pure: it plans iptables-restore transactions from listings of these
+// chains (never a whole table); hostport_xt.go runs them.
 
 // The reference portmap's shared chains.
 const (
@@ -84,9 +82,8 @@ func HostPortChain(network, containerID string) string {
 	return (hostPortChainPrefix + hex.EncodeToString(sum[:]))[:maxChainName]
 }
 
-// hpRendered is one family of a plan in the iptables layout: the jumps into the
-// per-container chain (without "-A CNI-HOSTPORT-DNAT") and the chain's rules (without
-// "-A <chain>"), each with its tag's fingerprint.
+// hpRendered is one family of a plan: the jumps into the per-container chain and the
+// chain's rules, without their "-A <chain>", each with its tag's fingerprint.
 type hpRendered struct {
 	chain          string
 	jumps, rules   []string
@@ -153,11 +150,10 @@ func refOwner(comment string) (network, containerID string, ok bool) {
 
 // hpState is what a transaction is planned from: listings of the chains it touches.
 type hpState struct {
-	top  chainListing            // CNI-HOSTPORT-DNAT, always listed
-	masq *chainListing           // CNI-HOSTPORT-MASQ; nil when not listed
-	dn   map[string]chainListing // per-container chains listed because they are shared
-	// entries says which entry jumps exist; nil until they were checked.
-	entries map[hpEntry]bool
+	top     chainListing            // CNI-HOSTPORT-DNAT, always listed
+	masq    *chainListing           // CNI-HOSTPORT-MASQ; nil when not listed
+	dn      map[string]chainListing // per-container chains listed because they are shared
+	entries map[hpEntry]bool        // which entry jumps exist; nil until checked
 }
 
 // hpChange is what a transaction does in one family.
@@ -324,28 +320,22 @@ func planHostPortIPTables(fam Family, st hpState, ch hpChange) ([]string, error)
 // container keep does not list.
 func hpGCChange(top chainListing, network string, keep cniplumb.Owners) hpChange {
 	ch := hpChange{removeIDs: map[OwnerID]bool{}, chains: map[string]bool{}, teardown: true}
-	var tags []Tag
-	for _, r := range top.rules {
-		if r.ours {
-			tags = append(tags, r.tag)
-		}
-	}
-	for _, t := range Stale(tags, network, keep) {
-		ch.removeIDs[t.ID] = true
-	}
 	cids := map[string]bool{}
 	for o := range keep {
 		if o.Network == network {
 			cids[o.ContainerID] = true
 		}
 	}
+	var tags []Tag
 	for _, r := range top.rules {
 		if r.ours {
-			continue
-		}
-		if n, cid, ok := refOwner(r.comment); ok && n == network && !cids[cid] && r.target == HostPortChain(n, cid) {
+			tags = append(tags, r.tag)
+		} else if n, cid, ok := refOwner(r.comment); ok && n == network && !cids[cid] && r.target == HostPortChain(n, cid) {
 			ch.chains[r.target] = true
 		}
+	}
+	for _, t := range Stale(tags, network, keep) {
+		ch.removeIDs[t.ID] = true
 	}
 	return ch
 }

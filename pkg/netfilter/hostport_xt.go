@@ -11,12 +11,11 @@ import (
 )
 
 // HostPortIPTables is the iptables HostPortBackend, in the reference portmap's layout
-// (see hostport_iptables.go). Per address family an operation lists
-// CNI-HOSTPORT-DNAT (and, when it needs them, CNI-HOSTPORT-MASQ, a per-container chain
-// shared with another attachment, or the entry jumps; never a whole table) and runs
-// one `iptables-restore --noflush` transaction. A busy xtables lock is waited for and
-// retried inside the call before it becomes a code-11 error. ip6tables is not run for
-// a family the operation does not touch.
+// (hostport_iptables.go). Per family it touches (ip6tables does not run otherwise), an
+// operation lists CNI-HOSTPORT-DNAT (and as needed CNI-HOSTPORT-MASQ, a shared
+// per-container chain or the entry jumps; never a whole table) and runs one
+// `iptables-restore --noflush`; a busy xtables lock is retried before it is a code-11
+// error.
 type HostPortIPTables struct{ xtLayout }
 
 var _ HostPortBackend = (*HostPortIPTables)(nil)
@@ -62,10 +61,10 @@ func (b *HostPortIPTables) checkEntries(ctx context.Context, fam Family) (map[hp
 	return out, nil
 }
 
-// change plans and runs one family's transaction, listing more when the planner asks
-// for it. When the transaction fails while tearing down the shared chains (someone
-// else's rule may still reference them), it is retried without that part, so the
-// attachment's own rules still go.
+// change plans and runs one family's transaction, listing what the planner asks for.
+// A transaction that fails while tearing down the shared chains (someone else's rule
+// may still reference them) is retried without that part, so the attachment's own
+// rules still go.
 func (b *HostPortIPTables) change(ctx context.Context, fam Family, st hpState, ch hpChange) error {
 	for tries := 0; ; tries++ {
 		lines, err := planHostPortIPTables(fam, st, ch)
