@@ -9,10 +9,8 @@ import (
 	"github.com/podwire/podwire/pkg/cniplumb"
 )
 
-// This file renders ipMasq in the reference's iptables layout (see masquerade.go) as
-// iptables-restore lines for the nat table, and decides what to add, check and remove
-// from `iptables -t nat -S` listings of one chain and of POSTROUTING. It is pure; the
-// exec side is in masq_xt.go.
+// ipMasq in the reference's iptables layout (masquerade.go), pure: what to add, check
+// and remove, decided from listings of one chain and of POSTROUTING; masq_xt.go runs it.
 
 // masqPostrouting is the built-in chain the per-address jumps hang off.
 const masqPostrouting = "POSTROUTING"
@@ -56,11 +54,10 @@ func masqXTJumps(o Owner, fam Family, addrs []netip.Prefix) []string {
 	return out
 }
 
-// planMasqXTAdd returns the restore lines (nat table) that give family fam of p's
-// owner every rule of p. own is the listing of the owner's chain (when it does not
-// exist, no jump to it can exist either and post is not needed); post is the
-// POSTROUTING listing. Rules already there stay; missing subnet ACCEPTs go in front of
-// the MASQUERADE. No lines means nothing to do.
+// planMasqXTAdd returns the restore lines that give family fam of p's owner every rule
+// of p, given the listings of the owner's chain and of POSTROUTING (not needed when
+// the chain does not exist: then no jump to it can either). Rules already there stay;
+// missing subnet ACCEPTs go in front of the MASQUERADE.
 func planMasqXTAdd(p MasqPlan, fam Family, own chainListing, post []xtRule) []string {
 	rules := masqXTChainRules(p.Owner, fam, p.Addrs)
 	jumps := masqXTJumps(p.Owner, fam, p.Addrs)
@@ -124,12 +121,9 @@ func fromAny(src netip.Prefix, addrs []netip.Prefix) bool {
 }
 
 // planMasqXTGC returns the restore lines that remove, from one family, the masquerade
-// of every container of network that keep does not hold: all its jumps, then its
-// chain. A jump is the network's when its comment names the network and its target
-// is the chain MasqChain derives from the network and the comment's container, or,
-// where the comment had to be cut (very long container IDs), any reference-style
-// chain; it is kept when its target is the chain of a container keep holds. Anything
-// else is left alone. Also returns the stale chains, sorted by first appearance.
+// (all jumps, then the chain) of every container of network that keep does not hold:
+// the targets of jumps masqCommentOf gives to network that are no kept container's
+// chain. It also returns those chains, in order of first appearance.
 func planMasqXTGC(network string, keep cniplumb.Owners, post []xtRule) (lines []string, stale []string) {
 	kept := map[string]bool{}
 	for o := range keep {

@@ -14,29 +14,10 @@ import (
 	"github.com/podwire/podwire/pkg/cniplumb"
 )
 
-// This file is ipMasq in the reference's nftables layout (see masquerade.go), with the
-// same bytecode the nft tool generates for the reference's rule text, on the nftables
-// engine (nft_layout.go).
+// ipMasq in the reference's nftables layout (masquerade.go), with the bytecode the nft
+// tool generates for the reference's rule text, on the engine of nft_layout.go.
 
-// The reference's nftables objects.
-const (
-	masqNFTTableName = "cni_plugins_masquerade"
-	masqNFTChecks    = "masq_checks"
-	masqNFTPost      = "postrouting"
-)
-
-func masqNFTTable() *nftables.Table {
-	return &nftables.Table{Name: masqNFTTableName, Family: nftables.TableFamilyINet}
-}
-
-// masqNFTChains returns the regular chain masq_checks and the base chain postrouting
-// (nat, hook postrouting, priority srcnat = 100, policy accept).
-func masqNFTChains(t *nftables.Table) (checks, post *nftables.Chain) {
-	accept := nftables.ChainPolicyAccept
-	return &nftables.Chain{Name: masqNFTChecks, Table: t},
-		&nftables.Chain{Name: masqNFTPost, Table: t, Type: nftables.ChainTypeNAT,
-			Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept}
-}
+const masqNFTChecks = "masq_checks"
 
 var nfprotos = map[Family]byte{IPv4: unix.NFPROTO_IPV4, IPv6: unix.NFPROTO_IPV6}
 
@@ -120,14 +101,18 @@ func ruleComment(r *nftables.Rule) string {
 }
 
 // masqLayout is the reference's table: masq_checks holds one rule per pod address,
-// commented with the owner's instance hash first; postrouting's three rules are shared.
+// commented with the owner's instance hash first; the base chain postrouting (nat,
+// priority srcnat, policy accept) holds three shared rules.
 func masqLayout() *nftLayout {
-	t := masqNFTTable()
-	checks, post := masqNFTChains(t)
+	t := &nftables.Table{Name: "cni_plugins_masquerade", Family: nftables.TableFamilyINet}
+	accept := nftables.ChainPolicyAccept
+	checks := &nftables.Chain{Name: masqNFTChecks, Table: t}
+	post := &nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept}
 	return &nftLayout{
 		table:  t,
 		chains: []*nftables.Chain{checks, post},
-		fixed:  map[string][]*nftables.Rule{masqNFTPost: masqNFTPostRules(t, post)},
+		fixed:  map[string][]*nftables.Rule{post.Name: masqNFTPostRules(t, post)},
 		key:    masqInstance,
 		netKey: masqNetHash,
 		// Rules are matched on the hashes at the start of their comment, so a comment
@@ -143,11 +128,10 @@ func masqLayout() *nftLayout {
 }
 
 // MasqNFTables is the nftables MasqBackend: the reference's table inet
-// cni_plugins_masquerade (see masquerade.go), through netlink only. The table and its
-// two chains are created when missing, without the comments the reference gives them
-// (google/nftables cannot write object comments); the reference does not care.
-// podwire deletes the table with its last masquerade rule, so a node without pods
-// carries nothing; the reference leaves it in place.
+// cni_plugins_masquerade (masquerade.go). The table and its chains are created when
+// missing without the reference's object comments (google/nftables cannot write
+// them; the reference does not read them), and deleted with the last masquerade rule
+// (the reference leaves them).
 type MasqNFTables struct {
 	s *nftSocket
 }

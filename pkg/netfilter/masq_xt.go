@@ -10,10 +10,9 @@ import (
 )
 
 // MasqIPTables is the iptables MasqBackend: the reference's per-container chain and
-// POSTROUTING jumps (see masquerade.go). Per family it touches it runs at most two
-// `iptables -t nat -S` (the container's chain, and POSTROUTING, which holds one jump
-// per masqueraded pod address; never a whole table) and one
-// `iptables-restore --noflush`. ip6tables is not run for IPv4-only plans or removals.
+// POSTROUTING jumps (masquerade.go). Per family it touches it lists at most the
+// container's chain and POSTROUTING (never a whole table) and runs one
+// `iptables-restore --noflush`.
 type MasqIPTables struct{ xtLayout }
 
 var _ MasqBackend = (*MasqIPTables)(nil)
@@ -63,9 +62,9 @@ func (b *MasqIPTables) Check(ctx context.Context, p MasqPlan) error {
 	return nil
 }
 
-// Remove implements MasqBackend: for each family (those of addrs, or both), one
-// listing of POSTROUTING, one of the chain only when no jump leads to it, and one
-// restore when something is there. A family whose binary is not installed is skipped.
+// Remove implements MasqBackend: per family (those of addrs, or both, when installed)
+// one listing of POSTROUTING, one of the chain only when no jump leads to it, and one
+// restore when something is there.
 func (b *MasqIPTables) Remove(ctx context.Context, o Owner, addrs []netip.Prefix) error {
 	return b.removeFamilies(ctx, o, addrs, removalFamilies(addrs))
 }
@@ -101,9 +100,9 @@ func (b *MasqIPTables) removeFamily(ctx context.Context, fam Family, o Owner, ad
 	return nil
 }
 
-// GC implements MasqBackend: per family whose binary is installed, one listing of
-// POSTROUTING and one restore when something is stale. Chains no jump leads to are
-// not found this way (they are inert and go with their attachment's DEL).
+// GC implements MasqBackend: per installed family, one listing of POSTROUTING and one
+// restore when something is stale. Chains no jump leads to are not found this way
+// (they are inert and go with their attachment's DEL).
 func (b *MasqIPTables) GC(ctx context.Context, network string, keep cniplumb.Owners) error {
 	return b.cleanup(All, func(fam Family) error {
 		post, err := b.list(ctx, fam, masqPostrouting)
