@@ -58,10 +58,7 @@ func encodeTag(t Tag) []byte { return userdata.AppendString(nil, userdata.TypeCo
 
 // decodeTag reads a tag from rule userdata.
 func decodeTag(ud []byte) (Tag, bool) {
-	s, ok := userdata.GetString(ud, userdata.TypeComment)
-	if !ok {
-		return Tag{}, false
-	}
+	s, _ := userdata.GetString(ud, userdata.TypeComment)
 	return ParseTag(s)
 }
 

@@ -11,8 +11,7 @@ import (
 // Owner is the attachment a rule belongs to.
 type Owner = cniplumb.Owner
 
-// maxTag bounds a tag to what `nft` shows as a comment (128 bytes); iptables allows
-// 256.
+// maxTag bounds a tag to what `nft` shows as a comment (iptables allows 256).
 const maxTag = 128
 
 const tagPrefix = "pw:"
