@@ -38,8 +38,8 @@ func (m HostPort) hostDst() netip.Prefix {
 	return hostPrefix(m.HostIP.Unmap())
 }
 
-// HostPortPlan is every hostPort rule one attachment owns. It is data: the plugin
-// builds it from the configuration, and each backend renders it its own way.
+// HostPortPlan is every hostPort rule one attachment owns, as data that each backend
+// renders its own way.
 type HostPortPlan struct {
 	Owner Owner
 	// Ports in configuration order; each forwards to an address of its family.
@@ -50,8 +50,7 @@ type HostPortPlan struct {
 	SNAT bool
 	// MasqAll marks connections from every source, not only hairpin and localhost.
 	MasqAll bool
-	// Mark is the single packet-mark bit the marking sets and the masquerade matches
-	// (1 << markMasqBit).
+	// Mark is the one mark bit (1 << markMasqBit) marking sets and masquerade matches.
 	Mark uint32
 	// SetMarkChain, when set, is an existing iptables chain (kube-proxy's
 	// KUBE-MARK-MASQ) that marks for masquerade instead of Mark; whoever owns it also
@@ -84,9 +83,7 @@ func (p HostPortPlan) Validate() error {
 		if m.HostPort == 0 || m.ContainerPort == 0 {
 			return fmt.Errorf("host port %d -> container port %d: ports must be 1-65535", m.HostPort, m.ContainerPort)
 		}
-		switch m.Proto {
-		case TCP, UDP, SCTP:
-		default:
+		if _, ok := protoNums[m.Proto]; !ok {
 			return fmt.Errorf("host port %d: unknown protocol %q", m.HostPort, m.Proto)
 		}
 		if !m.Pod.IsValid() {
@@ -118,11 +115,10 @@ func (p HostPortPlan) Validate() error {
 	return nil
 }
 
-// dnatMatch is the DNAT decision's match for m: its host port and address plus the
-// family's conditions. local adds "destination is local" (nftables; the iptables
-// layout checks it once on the way into CNI-HOSTPORT-DNAT). A condition on the
-// destination combines with hostIP into either hostIP alone or nothing at all; the
-// latter is an error, since the mapping could never match.
+// dnatMatch is the DNAT decision's match for m: host port and address plus the
+// family's conditions; local adds "destination is local" (nftables: iptables checks it
+// on the way into CNI-HOSTPORT-DNAT). A destination condition leaves hostIP alone, or,
+// when it excludes hostIP, is an error: the mapping could never match.
 func (p HostPortPlan) dnatMatch(m HostPort, local bool) (Match, error) {
 	mt := Match{Dst: m.hostDst(), DstLocal: local, Proto: m.Proto, DstPort: m.HostPort}
 	c, ok := p.Conditions[m.Family()]
@@ -237,8 +233,7 @@ func (p HostPortPlan) Rules() (Plan, error) {
 	return out, nil
 }
 
-// String renders the plan's settings and ports, one port per line, for logs and
-// golden tests.
+// String renders the settings and a line per port, for logs and golden tests.
 func (p HostPortPlan) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "owner %s snat=%v masqAll=%v", p.Owner, p.SNAT, p.MasqAll)
@@ -258,10 +253,9 @@ func (p HostPortPlan) String() string {
 	return b.String()
 }
 
-// HostPortBackend installs and removes the hostPort rules of attachments; removal
-// knows the families the attachment used. Remove also deletes what the reference
-// portmap created for the same network and container, so nodes can switch binaries
-// under live pods.
+// HostPortBackend installs and removes attachments' hostPort rules; removal knows the
+// families used. Remove also deletes what the reference portmap created for the same
+// network and container, so nodes can switch binaries under live pods.
 type HostPortBackend = Backend[HostPortPlan, Families]
 
 // NewHostPortsOn returns the host-port backend of kind k on the given seams (a fake

@@ -233,9 +233,7 @@ func (r Rule) validate(f Feature) error {
 	if m.DstPort != 0 && m.Proto == "" {
 		return fmt.Errorf("rule %q: a port match needs a protocol", r)
 	}
-	switch m.Proto {
-	case "", TCP, UDP, SCTP:
-	default:
+	if _, ok := protoNums[m.Proto]; m.Proto != "" && !ok {
 		return fmt.Errorf("rule %q: unknown protocol %q", r, m.Proto)
 	}
 	if m.SrcMAC != nil && len(m.SrcMAC) != 6 {
