@@ -145,7 +145,6 @@ func condText(c Match) string {
 
 var localhost4 = netip.MustParsePrefix("127.0.0.1/32")
 
-// markAction is what a marking rule does.
 func (p HostPortPlan) markAction() Action {
 	if p.SetMarkChain != "" {
 		return Action{Kind: Jump, Chain: p.SetMarkChain}

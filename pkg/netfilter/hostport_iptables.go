@@ -90,7 +90,6 @@ type hpRendered struct {
 	jumpFP, ruleFP []string
 }
 
-// renderHostPortIPTables renders family fam of p.
 func renderHostPortIPTables(fam Family, p HostPortPlan) (hpRendered, error) {
 	r := hpRendered{chain: HostPortChain(p.Owner.Network, p.Owner.ContainerID)}
 	if err := p.Validate(); err != nil {

@@ -32,7 +32,6 @@ func parallel(fns ...func() error) error {
 	return errors.Join(errs...)
 }
 
-// listState lists CNI-HOSTPORT-DNAT and, when masq, CNI-HOSTPORT-MASQ.
 func (b *HostPortIPTables) listState(ctx context.Context, fam Family, masq bool) (hpState, error) {
 	st := hpState{dn: map[string]chainListing{}}
 	fns := []func() error{func() (err error) { st.top, err = b.list(ctx, fam, HostPortDNATChain); return err }}

@@ -94,7 +94,6 @@ func masqNFTRules(t *nftables.Table, checks *nftables.Chain, p MasqPlan) []*nfta
 	return out
 }
 
-// ruleComment returns a rule's comment ("" when it has none).
 func ruleComment(r *nftables.Rule) string {
 	s, _ := userdata.GetString(r.UserData, userdata.TypeComment)
 	return s

@@ -94,7 +94,6 @@ func multicastOf(f Family) netip.Prefix {
 	return multicast4
 }
 
-// hostPrefix is a as a single-address prefix (/32, /128).
 func hostPrefix(a netip.Addr) netip.Prefix { return netip.PrefixFrom(a, a.BitLen()) }
 
 // sha512Hex returns the first n hex digits of sha512(s), the reference's hash for
@@ -157,7 +156,6 @@ func masqInstance(o Owner) string {
 	return masqNetHash(o.Network) + "-" + sha512Hex(o.IfName+":"+o.ContainerID, 16)
 }
 
-// masqInstanceLen is the length of a masqInstance.
 const masqInstanceLen = 16 + 1 + 16
 
 // masqNFTCommentMax is the longest rule comment the reference writes (knftables'

@@ -139,7 +139,6 @@ func (l *nftLayout) read(c NFTConn) (nftState, error) {
 	return st, nil
 }
 
-// owned returns the rules of st that pick selects by their owner key.
 func (l *nftLayout) owned(st nftState, pick func(key, net string) bool) []*nftables.Rule {
 	var out []*nftables.Rule
 	for _, r := range st.rules {
@@ -167,7 +166,6 @@ func (l *nftLayout) stalePick(network string, keep cniplumb.Owners) func(key, ne
 	return func(key, net string) bool { return net == nk && !kept[key] }
 }
 
-// fixedMissing reports whether chain lacks its fixed rules.
 func (l *nftLayout) fixedMissing(st nftState, chain string) bool {
 	have := map[string]int{}
 	for _, r := range st.rules {

@@ -56,7 +56,6 @@ func nftChain(t *nftables.Table, h Hook) (*nftables.Chain, error) {
 // reads, so `nft list ruleset` shows it.
 func encodeTag(t Tag) []byte { return userdata.AppendString(nil, userdata.TypeComment, t.String()) }
 
-// decodeTag reads a tag from rule userdata.
 func decodeTag(ud []byte) (Tag, bool) {
 	s, _ := userdata.GetString(ud, userdata.TypeComment)
 	return ParseTag(s)

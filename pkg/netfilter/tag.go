@@ -36,7 +36,6 @@ func hash8(s string) string {
 	return hex.EncodeToString(sum[:4])
 }
 
-// tagFor builds the tag for rule r of owner o.
 func tagFor(o Owner, r Rule) Tag {
 	return Tag{NetworkHash: hash8(o.Network), ID: IDOf(o), Fingerprint: hash8(r.String()), Owner: o}
 }

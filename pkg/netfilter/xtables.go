@@ -117,7 +117,6 @@ type xtRule struct {
 	ours    bool // the comment is a podwire tag
 }
 
-// parseXTRule parses one listed "-A" line.
 func parseXTRule(line string) xtRule {
 	r := xtRule{line: line, args: SplitRuleArgs(line)}
 	if len(r.args) > 1 {
@@ -154,7 +153,6 @@ func parseXTRules(lines []string) []xtRule {
 	return out
 }
 
-// deleteLine turns a listed rule into the restore line that deletes it.
 func (r xtRule) deleteLine() string { return "-D" + strings.TrimPrefix(r.line, "-A") }
 
 // SplitRuleArgs splits an iptables rule line into arguments as iptables-restore does:
