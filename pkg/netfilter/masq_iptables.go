@@ -39,7 +39,7 @@ func masqXTChainRules(o Owner, fam Family, addrs []netip.Prefix) []string {
 		}
 	}
 	if len(out) > 0 {
-		out = append(out, fmt.Sprintf("-A %s ! -d %s -m comment --comment %s -j MASQUERADE", chain, multicastOf(fam), c))
+		out = append(out, fmt.Sprintf("-A %s ! -d %s -m comment --comment %s -j MASQUERADE", chain, multicast[fam], c))
 	}
 	return out
 }

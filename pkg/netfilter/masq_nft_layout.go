@@ -68,7 +68,7 @@ func nftPrefixMatch(dst bool, p netip.Prefix, op expr.CmpOp) []expr.Any {
 func masqNFTPostRules(t *nftables.Table, post *nftables.Chain) []*nftables.Rule {
 	var out []*nftables.Rule
 	for _, f := range []Family{IPv4, IPv6} {
-		e := append(nfproto(f), nftPrefixMatch(true, multicastOf(f), expr.CmpOpEq)...)
+		e := append(nfproto(f), nftPrefixMatch(true, multicast[f], expr.CmpOpEq)...)
 		e = append(e, &expr.Verdict{Kind: expr.VerdictReturn})
 		out = append(out, &nftables.Rule{Table: t, Chain: post, Exprs: e})
 	}

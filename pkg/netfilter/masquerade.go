@@ -77,22 +77,12 @@ func (p MasqPlan) Validate() error {
 func (p MasqPlan) String() string {
 	var b strings.Builder
 	for _, a := range p.Addrs {
-		fmt.Fprintf(&b, "masquerade %s from %s except to %s and %s\n", p.Owner, a.Addr(), a.Masked(), multicastOf(FamilyOf(a.Addr())))
+		fmt.Fprintf(&b, "masquerade %s from %s except to %s and %s\n", p.Owner, a.Addr(), a.Masked(), multicast[FamilyOf(a.Addr())])
 	}
 	return b.String()
 }
 
-var (
-	multicast4 = netip.MustParsePrefix("224.0.0.0/4")
-	multicast6 = netip.MustParsePrefix("ff00::/8")
-)
-
-func multicastOf(f Family) netip.Prefix {
-	if f == IPv6 {
-		return multicast6
-	}
-	return multicast4
-}
+var multicast = map[Family]netip.Prefix{IPv4: netip.MustParsePrefix("224.0.0.0/4"), IPv6: netip.MustParsePrefix("ff00::/8")}
 
 func hostPrefix(a netip.Addr) netip.Prefix { return netip.PrefixFrom(a, a.BitLen()) }
 

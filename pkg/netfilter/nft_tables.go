@@ -2,6 +2,7 @@ package netfilter
 
 import (
 	"context"
+	"slices"
 
 	"github.com/google/nftables"
 
@@ -53,17 +54,14 @@ func (p Plan) render() (*nftLayout, []*nftables.Rule, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	chains := map[string]*nftables.Chain{}
-	for _, ch := range l.chains {
-		chains[ch.Name] = ch
-	}
 	var out []*nftables.Rule
 	for _, r := range p.Rules {
 		ex, err := nftExprs(p.Feature, r)
 		if err != nil {
 			return nil, nil, err
 		}
-		out = append(out, &nftables.Rule{Table: l.table, Chain: chains[r.Hook.Name], Exprs: ex, UserData: encodeTag(tagFor(p.Owner, r))})
+		ch := l.chains[slices.Index(p.Feature.Hooks, r.Hook)] // one chain per hook, in order
+		out = append(out, &nftables.Rule{Table: l.table, Chain: ch, Exprs: ex, UserData: encodeTag(tagFor(p.Owner, r))})
 	}
 	return l, out, nil
 }
