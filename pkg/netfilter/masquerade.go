@@ -21,16 +21,13 @@ import (
 //	iptables: chain CNI-<sha512(network+containerID)[:24 hex]> in the nat table, with
 //	          "-d <subnet> -j ACCEPT" per subnet and "! -d 224.0.0.0/4 -j MASQUERADE"
 //	          (ff00::/8 in ip6tables); one jump per pod address from POSTROUTING,
-//	          "-s <ip>/32 -j CNI-…". Every rule is commented `name: "<net>" id: "<cid>"`.
+//	          "-s <ip>/32 -j CNI-…". Every rule is commented `name: "<net>" id: "<cid>"`;
+//	          no interface name anywhere (see MasqBackend).
 //	nftables: table inet cni_plugins_masquerade, base chain postrouting (nat, srcnat)
 //	          holding "ip daddr 224.0.0.0/4 return", "ip6 daddr ff00::/8 return" and
 //	          "goto masq_checks"; per pod address in masq_checks
 //	          "ip saddr <ip> ip daddr != <subnet> masquerade", commented
 //	          "<sha512(net)[:16]>-<sha512(ifname:cid)[:16]>, net: …, if: …, id: …".
-//
-// The iptables layout knows no interface name: two attachments of one network in one
-// container share a chain. podwire tells their jumps apart by source address when DEL
-// knows the addresses (prevResult) and keeps the chain while another jump uses it.
 
 // MasqPlan is the masquerade of one attachment: traffic from each address to anything
 // outside the address's subnet and not multicast leaves with the node's address.
@@ -163,10 +160,11 @@ func masqNFTComment(o Owner) string {
 // one backend. Apply gives p.Owner p's rules: iptables adds what is missing (as the
 // reference's AppendUnique), nftables replaces the owner's rules in one batch.
 // Removal knows the pod's addresses when prevResult has them: iptables then touches
-// only their families and jumps (a chain shared with another interface of the same
-// container stays while that one uses it); without them all of the owner's goes, in
-// both families. iptables knows no interface name, so there GC keeps an attachment
-// when keep holds any interface of its container in network.
+// only their families and jumps, telling apart by source address the attachments of
+// one network in one container, which share a chain (it stays while another's jump
+// uses it); without them all of the owner's goes, in both families. For the same
+// reason iptables GC keeps an attachment when keep holds any interface of its
+// container in network.
 type MasqBackend = Backend[MasqPlan, []netip.Prefix]
 
 // NewMasqOn returns the ipMasq backend of kind k on the given seams (a fake kernel in

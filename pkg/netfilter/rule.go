@@ -26,9 +26,7 @@ import (
 type Family uint8
 
 const (
-	// AnyFamily is for rules that match no address (layer 2 rules of a bridge-family
-	// feature).
-	AnyFamily Family = 0
+	AnyFamily Family = 0 // rules that match no address (layer 2, bridge-family features)
 	IPv4      Family = 4
 	IPv6      Family = 6
 )
@@ -137,9 +135,8 @@ const (
 	Masquerade
 	DNAT    // to Action.Addr and, when non-zero, Action.Port
 	SetMark // OR Action.Mark into the packet mark
-	// Jump continues in the existing iptables chain Action.Chain (such as kube-proxy's
-	// KUBE-MARK-MASQ) and comes back. iptables only: nftables cannot jump into an
-	// iptables chain, so the nftables backend rejects it.
+	// Jump continues in the existing iptables chain Action.Chain (kube-proxy's
+	// KUBE-MARK-MASQ) and comes back; nftables cannot jump into an iptables chain.
 	Jump
 )
 
