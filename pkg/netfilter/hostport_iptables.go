@@ -74,9 +74,8 @@ func isHostPortMasq(r xtRule) bool {
 	return len(a) == 8 && a[2] == "-m" && a[3] == "mark" && a[4] == "--mark" && a[6] == "-j" && a[7] == "MASQUERADE"
 }
 
-// HostPortChain is the per-container chain of network and containerID, named as the
-// reference portmap names it: "CNI-DN-" and the SHA-512 of network+containerID, cut to
-// 28 bytes.
+// HostPortChain is the reference portmap's per-container chain: "CNI-DN-" and the
+// SHA-512 of network+containerID, cut to 28 bytes.
 func HostPortChain(network, containerID string) string {
 	sum := sha512.Sum512([]byte(network + containerID))
 	return (hostPortChainPrefix + hex.EncodeToString(sum[:]))[:maxChainName]
@@ -174,9 +173,8 @@ func (e errNeed) Error() string { return "need a listing of " + string(e) }
 
 const errNeedEntries = errNeed("entry jumps")
 
-// planHostPortIPTables computes the lines of the one iptables-restore transaction for
-// ch from st. It returns an errNeed when it needs a listing st lacks. No lines means
-// nothing changes.
+// planHostPortIPTables computes the lines (none: nothing changes) of the one
+// iptables-restore transaction for ch from st, or an errNeed for a listing st lacks.
 func planHostPortIPTables(fam Family, st hpState, ch hpChange) ([]string, error) {
 	var decl, dels, adds, post []string
 	var rend hpRendered
@@ -339,9 +337,8 @@ func hpGCChange(top chainListing, network string, keep cniplumb.Owners) hpChange
 	return ch
 }
 
-// hpCheck compares family fam of p with the listings of CNI-HOSTPORT-DNAT (top) and
-// the per-container chain (dn): every rule p wants must be there, tagged as p's owner,
-// and nothing else of that owner.
+// hpCheck compares family fam of p with the listings of CNI-HOSTPORT-DNAT and the
+// per-container chain: every rule p wants must be there, and nothing else of p.Owner.
 func hpCheck(fam Family, p HostPortPlan, top, dn chainListing) error {
 	rend, err := renderHostPortIPTables(fam, p)
 	if err != nil {

@@ -25,9 +25,8 @@ func addrsOf(fam Family, addrs []netip.Prefix) []netip.Prefix {
 	return out
 }
 
-// masqXTChainRules are the rules of o's chain for the addresses of family fam, as the
-// reference writes them (and as `iptables -S` prints them): an ACCEPT per distinct
-// subnet, then one MASQUERADE of everything but multicast.
+// masqXTChainRules are o's chain's rules for family fam as the reference writes them
+// and `iptables -S` prints them: an ACCEPT per subnet, then a MASQUERADE.
 func masqXTChainRules(o Owner, fam Family, addrs []netip.Prefix) []string {
 	chain, c := MasqChain(o), xtQuote(masqComment(o))
 	var out []string

@@ -18,9 +18,8 @@ import (
 // GC across both layouts, as the reference's DEL and GC do (a pod may have been made
 // with another backend or another binary).
 
-// ProbeMasq finds what the host offers for ipMasq: ProbeHost, plus, when both
-// backends are there (only then does it change the choice), whether the reference
-// plugin could drive nftables (RefNFT).
+// ProbeMasq is ProbeHost plus, when both backends are there (only then does it change
+// the choice), whether the reference plugin could drive nftables (RefNFT).
 func ProbeMasq() MasqProbe {
 	p := MasqProbe{Probe: ProbeHost()}
 	if p.NFTables && p.IPTables {

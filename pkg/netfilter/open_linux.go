@@ -20,10 +20,9 @@ import (
 // This file binds the backends to the real kernel: the iptables binaries, nf_tables
 // netlink sockets and the lock files in LockDir.
 
-// LockDir holds podwire's netfilter lock files. The lock serializes podwire's own
+// LockDir holds podwire's netfilter lock files. A lock serializes podwire's own
 // read-modify-write cycles per backend and layout (list our chains, then change them),
-// so two plugins never decide on the same stale listing; other programs are not
-// affected. It is released by the kernel when the process dies, even by SIGKILL.
+// so two plugins never decide on the same stale listing; other programs are not held.
 var LockDir = "/run/podwire"
 
 // lockNamed takes LockDir/<name>.lock.
@@ -39,8 +38,8 @@ func lockNamed(name string) (unlock func(), err error) {
 var lockWait = time.Minute
 
 // LockFile takes an exclusive flock on path (created 0600 if missing, never through a
-// symlink); unlock releases it, and so does the process's death. A lock still held
-// after lockWait is a code-11 error.
+// symlink); unlock releases it, and so does the process's death, even by SIGKILL. A
+// lock still held after lockWait is a code-11 error.
 func LockFile(path string) (unlock func(), err error) {
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
 	if err != nil {

@@ -152,6 +152,14 @@ type Action struct {
 	Chain string // the target of a Jump
 }
 
+// dnatTo is a DNAT's target as both nft and iptables write it: address[:port].
+func (a Action) dnatTo() string {
+	if a.Port == 0 {
+		return a.Addr.String()
+	}
+	return netip.AddrPortFrom(a.Addr, a.Port).String()
+}
+
 // Rule is one backend-neutral rule in a feature's base chain.
 type Rule struct {
 	Hook   Hook
@@ -200,11 +208,7 @@ func (r Rule) String() string {
 	b.WriteString(" " + actionNames[a.Kind])
 	switch a.Kind {
 	case DNAT:
-		if a.Port != 0 {
-			fmt.Fprintf(&b, " to %s", netip.AddrPortFrom(a.Addr, a.Port))
-		} else {
-			fmt.Fprintf(&b, " to %s", a.Addr)
-		}
+		b.WriteString(" to " + a.dnatTo())
 	case SetMark:
 		fmt.Fprintf(&b, " %#x", a.Mark)
 	case Jump:

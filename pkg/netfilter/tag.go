@@ -72,9 +72,8 @@ func ParseTag(s string) (t Tag, ok bool) {
 	return t, true
 }
 
-// OwnerID identifies an owner in the kernel: the first 16 hex digits of its hash.
-// Removal and GC work on IDs, so they need neither the owner's addresses nor a key
-// that fitted into the tag.
+// OwnerID identifies an owner in the kernel: 16 hex digits of its hash. Removal and
+// GC work on IDs, needing neither the owner's addresses nor a key fitted into the tag.
 type OwnerID string
 
 // IDOf returns o's ID.

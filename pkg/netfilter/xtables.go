@@ -230,11 +230,7 @@ func ruleArgs(r Rule, comment string) (string, error) {
 	case Masquerade:
 		a = append(a, "-j", "MASQUERADE")
 	case DNAT:
-		to := act.Addr.String()
-		if act.Port != 0 {
-			to = netip.AddrPortFrom(act.Addr, act.Port).String()
-		}
-		a = append(a, "-j", "DNAT", "--to-destination", to)
+		a = append(a, "-j", "DNAT", "--to-destination", act.dnatTo())
 	case SetMark:
 		a = append(a, "-j", "MARK", "--set-xmark", fmt.Sprintf("%#x/%#x", act.Mark, act.Mark))
 	case Jump:
