@@ -9,9 +9,9 @@ import (
 )
 
 // Backend installs, checks and removes the rules of attachments in one layout (see
-// the package documentation). P is the layout's plan; R is what removal knows of an
-// attachment besides its owner. Apply and Remove are atomic per address family: one
-// `iptables-restore --noflush` per family, or one nftables batch.
+// the package doc). P is the layout's plan; R is what removal knows of an attachment
+// besides its owner. Apply and Remove are atomic per address family (one
+// `iptables-restore --noflush` per family, or one nftables batch).
 type Backend[P, R any] interface {
 	// Apply installs p. An invalid plan fails before anything changes.
 	Apply(ctx context.Context, p P) error
@@ -52,11 +52,11 @@ type Probe struct {
 	NFTables bool // the kernel answers nf_tables netlink requests
 }
 
-// Pick chooses the backend for want given the probe. Auto prefers nftables: it needs
-// no exec, and its rules live in a table of our own; iptables is the fallback for
-// kernels without nf_tables. (portmap's and ipMasq's automatic choices follow the
-// reference instead: OpenHostPorts, PickMasq.) A backend asked for by name but missing is a
-// code-50 error telling the operator what to install or configure.
+// Pick chooses the backend for want given the probe. Auto prefers nftables (no exec,
+// a table of our own), falling back to iptables on kernels without nf_tables;
+// portmap's and ipMasq's automatic choices follow the reference instead (OpenHostPorts,
+// PickMasq). A backend asked for by name but missing is a code-50 error telling the
+// operator what to install or configure.
 func Pick(want Kind, p Probe) (Kind, error) {
 	switch want {
 	case KindIPTables:

@@ -6,15 +6,13 @@ import (
 	"strings"
 )
 
-// This file is portmap's model: the hostPort forwards of one attachment as plain data
-// (HostPortPlan), the neutral rules they become, and the HostPortBackend interface the
-// plugin talks to. It is pure; the backends are in hostport_*_linux.go.
+// portmap's model, pure: HostPortPlan, the neutral Rules it becomes, HostPortBackend.
+// The backends are in hostport_xt.go and hostport_nft.go.
 
-// HostPortFeature is portmap's nftables table, inet podwire_hostport, with base chains
-// prerouting and output (nat, priority -100) for the DNAT decision and postrouting
-// (nat, priority 100) for the masquerade of hairpin and localhost connections. The
-// iptables backend does not use PW- chains for host ports: it keeps the reference
-// portmap's layout so either binary can remove the other's rules (hostport_iptables.go).
+// HostPortFeature is portmap's nftables table, inet podwire_hostport: prerouting and
+// output take the DNAT decision, postrouting masquerades hairpin and localhost
+// connections. The iptables backend keeps the reference portmap's layout instead, so
+// either binary can remove the other's rules (hostport_iptables.go).
 var HostPortFeature = Feature{Name: "hostport", Hooks: []Hook{NATPrerouting, NATOutput, NATPostrouting}}
 
 // HostPort is one forwarded port to one pod address.
@@ -37,12 +35,11 @@ func (m HostPort) hostDst() netip.Prefix {
 	if !m.HostIP.IsValid() || m.HostIP.IsUnspecified() {
 		return netip.Prefix{}
 	}
-	a := m.HostIP.Unmap()
-	return netip.PrefixFrom(a, a.BitLen())
+	return hostPrefix(m.HostIP.Unmap())
 }
 
-// HostPortPlan is every hostPort rule one attachment owns. It is data: the plugin
-// builds it from the configuration, and each backend renders it its own way.
+// HostPortPlan is every hostPort rule one attachment owns, as data that each backend
+// renders its own way.
 type HostPortPlan struct {
 	Owner Owner
 	// Ports in configuration order; each forwards to an address of its family.
@@ -53,8 +50,7 @@ type HostPortPlan struct {
 	SNAT bool
 	// MasqAll marks connections from every source, not only hairpin and localhost.
 	MasqAll bool
-	// Mark is the single packet-mark bit the marking sets and the masquerade matches
-	// (1 << markMasqBit).
+	// Mark is the one mark bit (1 << markMasqBit) marking sets and masquerade matches.
 	Mark uint32
 	// SetMarkChain, when set, is an existing iptables chain (kube-proxy's
 	// KUBE-MARK-MASQ) that marks for masquerade instead of Mark; whoever owns it also
@@ -69,20 +65,13 @@ type HostPortPlan struct {
 func (p HostPortPlan) Families() Families {
 	var s Families
 	for _, m := range p.Ports {
-		if m.Family() == IPv4 {
-			s |= V4
-		} else {
-			s |= V6
-		}
+		s |= m.Family().bit()
 	}
 	return s
 }
 
 // Empty reports whether the plan forwards nothing.
 func (p HostPortPlan) Empty() bool { return len(p.Ports) == 0 }
-
-// marks reports whether the plan marks connections for masquerade.
-func (p HostPortPlan) marks() bool { return p.SNAT }
 
 // masquerades reports whether the plan needs a masquerade rule of its own.
 func (p HostPortPlan) masquerades() bool { return p.SNAT && p.SetMarkChain == "" }
@@ -94,9 +83,7 @@ func (p HostPortPlan) Validate() error {
 		if m.HostPort == 0 || m.ContainerPort == 0 {
 			return fmt.Errorf("host port %d -> container port %d: ports must be 1-65535", m.HostPort, m.ContainerPort)
 		}
-		switch m.Proto {
-		case TCP, UDP, SCTP:
-		default:
+		if _, ok := protoNums[m.Proto]; !ok {
 			return fmt.Errorf("host port %d: unknown protocol %q", m.HostPort, m.Proto)
 		}
 		if !m.Pod.IsValid() {
@@ -109,7 +96,7 @@ func (p HostPortPlan) Validate() error {
 			return err
 		}
 	}
-	if p.marks() && p.SetMarkChain == "" && (p.Mark == 0 || p.Mark&(p.Mark-1) != 0) {
+	if p.SNAT && p.SetMarkChain == "" && (p.Mark == 0 || p.Mark&(p.Mark-1) != 0) {
 		return fmt.Errorf("mark %#x is not a single bit", p.Mark)
 	}
 	if p.SetMarkChain != "" && !validChainName(p.SetMarkChain) {
@@ -128,11 +115,10 @@ func (p HostPortPlan) Validate() error {
 	return nil
 }
 
-// dnatMatch is the DNAT decision's match for m: its host port and address plus the
-// family's conditions. local adds "destination is local" (nftables; the iptables
-// layout checks it once on the way into CNI-HOSTPORT-DNAT). A condition on the
-// destination combines with hostIP into either hostIP alone or nothing at all; the
-// latter is an error, since the mapping could never match.
+// dnatMatch is the DNAT decision's match for m: host port and address plus the
+// family's conditions; local adds "destination is local" (nftables: iptables checks it
+// on the way into CNI-HOSTPORT-DNAT). A destination condition leaves hostIP alone, or,
+// when it excludes hostIP, is an error: the mapping could never match.
 func (p HostPortPlan) dnatMatch(m HostPort, local bool) (Match, error) {
 	mt := Match{Dst: m.hostDst(), DstLocal: local, Proto: m.Proto, DstPort: m.HostPort}
 	c, ok := p.Conditions[m.Family()]
@@ -157,11 +143,8 @@ func condText(c Match) string {
 	return c.Dst.String()
 }
 
-var (
-	localhost4 = netip.MustParsePrefix("127.0.0.1/32")
-)
+var localhost4 = netip.MustParsePrefix("127.0.0.1/32")
 
-// markAction is what a marking rule does.
 func (p HostPortPlan) markAction() Action {
 	if p.SetMarkChain != "" {
 		return Action{Kind: Jump, Chain: p.SetMarkChain}
@@ -170,7 +153,7 @@ func (p HostPortPlan) markAction() Action {
 }
 
 // portRules returns, for one hook, each mapping of family fam as: the hairpin mark,
-// the localhost mark (IPv4, when withLocal and not masqAll), then the DNAT. The marks
+// the localhost mark (IPv4, when withLocalhost and not MasqAll), then the DNAT. The marks
 // carry no conditions: a mark only matters to the masquerade of connections that the
 // DNAT (which does carry them) sent to the pod.
 func (p HostPortPlan) portRules(fam Family, h Hook, local, withLocalhost, withConds bool) ([]Rule, error) {
@@ -180,7 +163,7 @@ func (p HostPortPlan) portRules(fam Family, h Hook, local, withLocalhost, withCo
 			continue
 		}
 		base := Match{Dst: m.hostDst(), DstLocal: local, Proto: m.Proto, DstPort: m.HostPort}
-		if p.marks() {
+		if p.SNAT {
 			hp := base
 			if !p.MasqAll {
 				hp.Src = m.Pod.Masked()
@@ -218,10 +201,10 @@ func (p HostPortPlan) podAddrs(fam Family) []netip.Addr {
 	return out
 }
 
-// Rules renders the plan as neutral rules in HostPortFeature: what the nftables
-// backend installs and the Fake records. Per family: prerouting holds the hairpin
-// marks and DNATs, output the same plus the localhost marks, postrouting one masquerade
-// per pod address for connections to it that carry the mark.
+// Rules renders the plan as neutral rules in HostPortFeature, for the nftables
+// backend. Per family: prerouting holds the hairpin marks and DNATs, output the same
+// plus the localhost marks, postrouting one masquerade per pod address for
+// connections to it that carry the mark.
 func (p HostPortPlan) Rules() (Plan, error) {
 	out := Plan{Feature: HostPortFeature, Owner: p.Owner}
 	if err := p.Validate(); err != nil {
@@ -241,7 +224,7 @@ func (p HostPortPlan) Rules() (Plan, error) {
 		if p.masquerades() {
 			for _, a := range p.podAddrs(fam) {
 				out.Rules = append(out.Rules, Rule{Hook: NATPostrouting, Family: fam,
-					Match:  Match{Dst: netip.PrefixFrom(a, a.BitLen()), Mark: p.Mark},
+					Match:  Match{Dst: hostPrefix(a), Mark: p.Mark},
 					Action: Action{Kind: Masquerade}})
 			}
 		}
@@ -249,8 +232,7 @@ func (p HostPortPlan) Rules() (Plan, error) {
 	return out, nil
 }
 
-// String renders the plan's settings and ports, one port per line, for logs and
-// golden tests.
+// String renders the settings and a line per port, for logs and golden tests.
 func (p HostPortPlan) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "owner %s snat=%v masqAll=%v", p.Owner, p.SNAT, p.MasqAll)
@@ -270,10 +252,9 @@ func (p HostPortPlan) String() string {
 	return b.String()
 }
 
-// HostPortBackend installs and removes the hostPort rules of attachments; removal
-// knows the families the attachment used. Remove also deletes what the reference
-// portmap created for the same network and container, so nodes can switch binaries
-// under live pods.
+// HostPortBackend installs and removes attachments' hostPort rules; removal knows the
+// families used. Remove also deletes what the reference portmap created for the same
+// network and container, so nodes can switch binaries under live pods.
 type HostPortBackend = Backend[HostPortPlan, Families]
 
 // NewHostPortsOn returns the host-port backend of kind k on the given seams (a fake
@@ -282,9 +263,5 @@ func NewHostPortsOn(k Kind, xt XTables, nc NFTConn) HostPortBackend {
 	if k == KindNFTables {
 		return &HostPortNFTables{nft: NewNFTablesOn(nc)}
 	}
-	return newHostPortIPTables(xt, func() (func(), error) { return noLock("") })
-}
-
-func newHostPortIPTables(xt XTables, lock func() (func(), error)) *HostPortIPTables {
-	return &HostPortIPTables{xt: xt, lock: lock}
+	return &HostPortIPTables{xtLayout{xt, func() (func(), error) { return noLock("") }}}
 }

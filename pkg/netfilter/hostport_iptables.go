@@ -4,7 +4,8 @@ import (
 	"crypto/sha512"
 	"encoding/hex"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -23,20 +24,18 @@ import (
 //	                    -s 127.0.0.1/32 -p tcp -m tcp --dport 8080 ... -j MARK --set-xmark 0x2000/0x2000
 //	                    -p tcp -m tcp --dport 8080 ... -j DNAT --to-destination <pod>:80
 //
-// CNI-DN-<hash> is the reference's per-container chain name (network + container ID),
-// entered from CNI-HOSTPORT-DNAT by a jump whose last words are "-j CNI-DN-<hash>":
-// exactly what the reference's DEL deletes. Every rule of ours in those chains carries
-// our owner tag (which includes the interface name), so two attachments of one network
-// to one container share the chain without touching each other's rules. The shared
-// chains are the reference's too, with the reference's exact rule text, so neither
-// binary duplicates them; podwire removes them when the last host port goes (the
-// reference never does). Anyone may flush a built-in chain or a shared one: every ADD
-// puts back missing entry jumps, and DEL and GC remove an attachment's chain by its
-// derived name even when no jump leads to it any more.
+// CNI-DN-<hash> is the reference's per-container chain (network + container ID),
+// entered by a jump ending in "-j CNI-DN-<hash>": exactly what the reference's DEL
+// deletes. Our rules there carry our owner tag (which includes the interface name), so
+// two attachments of one network to one container share the chain without touching
+// each other's rules. The shared chains and their rule text are the reference's, so
+// neither binary duplicates them; podwire removes them with the last host port (the
+// reference never does). Anyone may flush a built-in or shared chain: every ADD puts
+// back missing entry jumps, and DEL and GC remove an attachment's chain by its derived
+// name even when no jump leads to it any more.
 //
-// This file is pure: it renders and plans iptables-restore transactions from listings
-// of these chains only (never a whole table). The exec side is
-// hostport_iptables_linux.go.
+// This file is pure: it plans iptables-restore transactions from listings of these
+// chains (never a whole table); hostport_xt.go runs them.
 
 // The reference portmap's shared chains.
 const (
@@ -60,7 +59,7 @@ var (
 	hpEntryPost = hpEntry{"POSTROUTING", hpEntryMasq}
 )
 
-func (e hpEntry) args() []string { return xtTokens(e.rule) }
+func (e hpEntry) args() []string { return SplitRuleArgs(e.rule) }
 
 // multiportMax is how many ports one multiport match takes.
 const multiportMax = 15
@@ -75,45 +74,21 @@ func isHostPortMasq(r xtRule) bool {
 	return len(a) == 8 && a[2] == "-m" && a[3] == "mark" && a[4] == "--mark" && a[6] == "-j" && a[7] == "MASQUERADE"
 }
 
-// HostPortChain is the per-container chain of network and containerID, named as the
-// reference portmap names it: "CNI-DN-" and the SHA-512 of network+containerID, cut to
-// 28 bytes.
+// HostPortChain is the reference portmap's per-container chain: "CNI-DN-" and the
+// SHA-512 of network+containerID, cut to 28 bytes.
 func HostPortChain(network, containerID string) string {
 	sum := sha512.Sum512([]byte(network + containerID))
 	return (hostPortChainPrefix + hex.EncodeToString(sum[:]))[:maxChainName]
 }
 
-// condArgs renders a plan's conditions as iptables match arguments.
-func condArgs(c Match) string {
-	var a []string
-	if c.Src.IsValid() {
-		if c.NotSrc {
-			a = append(a, "!")
-		}
-		a = append(a, "-s", prefixArg(c.Src))
-	}
-	if c.Dst.IsValid() {
-		if c.NotDst {
-			a = append(a, "!")
-		}
-		a = append(a, "-d", prefixArg(c.Dst))
-	}
-	if c.InIface != "" {
-		a = append(a, "-i", c.InIface)
-	}
-	return strings.Join(a, " ")
-}
-
-// hpRendered is one family of a plan in the iptables layout: the jumps into the
-// per-container chain (without "-A CNI-HOSTPORT-DNAT") and the chain's rules (without
-// "-A <chain>"), each with its tag's fingerprint.
+// hpRendered is one family of a plan: the jumps into the per-container chain and the
+// chain's rules, without their "-A <chain>", each with its tag's fingerprint.
 type hpRendered struct {
 	chain          string
 	jumps, rules   []string
 	jumpFP, ruleFP []string
 }
 
-// renderHostPortIPTables renders family fam of p.
 func renderHostPortIPTables(fam Family, p HostPortPlan) (hpRendered, error) {
 	r := hpRendered{chain: HostPortChain(p.Owner.Network, p.Owner.ContainerID)}
 	if err := p.Validate(); err != nil {
@@ -131,17 +106,12 @@ func renderHostPortIPTables(fam Family, p HostPortPlan) (hpRendered, error) {
 		seen[k] = true
 		byProto[m.Proto] = append(byProto[m.Proto], strconv.Itoa(int(m.HostPort)))
 	}
-	var protos []string
-	for pr := range byProto {
-		protos = append(protos, string(pr))
-	}
-	sort.Strings(protos)
-	cond := condArgs(p.Conditions[fam])
-	for _, pr := range protos {
-		ports := byProto[Proto(pr)]
+	cond := strings.Join(matchArgs(p.Conditions[fam]), " ")
+	for _, pr := range slices.Sorted(maps.Keys(byProto)) {
+		ports := byProto[pr]
 		for len(ports) > 0 {
 			n := min(len(ports), multiportMax)
-			m := "-p " + pr + " -m multiport --dports " + strings.Join(ports[:n], ",")
+			m := "-p " + string(pr) + " -m multiport --dports " + strings.Join(ports[:n], ",")
 			ports = ports[n:]
 			if cond != "" {
 				m = cond + " " + m
@@ -176,22 +146,12 @@ func refOwner(comment string) (network, containerID string, ok bool) {
 	return parseMasqComment(rest)
 }
 
-// chainListing is one listed chain; exists is false when it is absent.
-type chainListing struct {
-	exists bool
-	rules  []xtRule
-}
-
-// has reports whether the listing holds the rule line (compared by arguments).
-func (l chainListing) has(line string) bool { return containsRule(l.rules, line) }
-
 // hpState is what a transaction is planned from: listings of the chains it touches.
 type hpState struct {
-	top  chainListing            // CNI-HOSTPORT-DNAT, always listed
-	masq *chainListing           // CNI-HOSTPORT-MASQ; nil when not listed
-	dn   map[string]chainListing // per-container chains listed because they are shared
-	// entries says which entry jumps exist; nil until they were checked.
-	entries map[hpEntry]bool
+	top     chainListing            // CNI-HOSTPORT-DNAT, always listed
+	masq    *chainListing           // CNI-HOSTPORT-MASQ; nil when not listed
+	dn      map[string]chainListing // per-container chains listed because they are shared
+	entries map[hpEntry]bool        // which entry jumps exist; nil until checked
 }
 
 // hpChange is what a transaction does in one family.
@@ -213,10 +173,9 @@ func (e errNeed) Error() string { return "need a listing of " + string(e) }
 
 const errNeedEntries = errNeed("entry jumps")
 
-// planHostPortIPTables computes the one iptables-restore transaction for ch from st.
-// It returns an errNeed when it needs a listing st lacks. The script is empty when
-// nothing changes.
-func planHostPortIPTables(fam Family, st hpState, ch hpChange) (*restoreScript, error) {
+// planHostPortIPTables computes the lines (none: nothing changes) of the one
+// iptables-restore transaction for ch from st, or an errNeed for a listing st lacks.
+func planHostPortIPTables(fam Family, st hpState, ch hpChange) ([]string, error) {
 	var decl, dels, adds, post []string
 	var rend hpRendered
 	if ch.add != nil {
@@ -225,6 +184,7 @@ func planHostPortIPTables(fam Family, st hpState, ch hpChange) (*restoreScript, 
 			return nil, err
 		}
 	}
+	declare := func(chain string) { decl = append(decl, ":"+chain+" - [0:0]") }
 	removeRule := func(r xtRule, chain string) bool {
 		return (r.ours && ch.removeIDs[r.tag.ID]) || (!r.ours && ch.chains[chain])
 	}
@@ -233,9 +193,7 @@ func planHostPortIPTables(fam Family, st hpState, ch hpChange) (*restoreScript, 
 	// for the chains being replaced; count what stays per chain.
 	remaining := map[string]int{}
 	affected := map[string]bool{}
-	for c := range ch.chains {
-		affected[c] = true
-	}
+	maps.Copy(affected, ch.chains)
 	topLeft := 0
 	for _, r := range st.top.rules {
 		if strings.HasPrefix(r.target, hostPortChainPrefix) && removeRule(r, r.target) {
@@ -246,14 +204,10 @@ func planHostPortIPTables(fam Family, st hpState, ch hpChange) (*restoreScript, 
 		topLeft++
 		remaining[r.target]++
 	}
-	var chains []string
-	for c := range affected {
-		if strings.HasPrefix(c, hostPortChainPrefix) && validChainName(c) {
-			chains = append(chains, c)
+	for _, c := range slices.Sorted(maps.Keys(affected)) {
+		if !strings.HasPrefix(c, hostPortChainPrefix) || !validChainName(c) {
+			continue
 		}
-	}
-	sort.Strings(chains)
-	for _, c := range chains {
 		switch {
 		case remaining[c] > 0:
 			// Shared with an attachment that stays: remove rule by rule.
@@ -262,7 +216,7 @@ func planHostPortIPTables(fam Family, st hpState, ch hpChange) (*restoreScript, 
 				return nil, errNeed(c)
 			}
 			if !l.exists {
-				decl = append(decl, ":"+c+" - [0:0]")
+				declare(c)
 			}
 			for _, r := range l.rules {
 				if removeRule(r, c) {
@@ -272,10 +226,10 @@ func planHostPortIPTables(fam Family, st hpState, ch hpChange) (*restoreScript, 
 		case c == rend.chain:
 			// Declaring an existing chain in --noflush mode flushes it: create or
 			// empty it without having to list it.
-			decl = append(decl, ":"+c+" - [0:0]")
+			declare(c)
 		default:
 			// Delete it whether or not it exists: declare (create or flush), then -X.
-			decl = append(decl, ":"+c+" - [0:0]")
+			declare(c)
 			post = append(post, "-X "+c)
 		}
 	}
@@ -285,7 +239,7 @@ func planHostPortIPTables(fam Family, st hpState, ch hpChange) (*restoreScript, 
 		// existing one they are checked, since someone may have flushed PREROUTING or
 		// OUTPUT (the reference re-adds its jumps on every ADD, too).
 		if !st.top.exists {
-			decl = append(decl, ":"+HostPortDNATChain+" - [0:0]")
+			declare(HostPortDNATChain)
 			adds = append(adds, "-A PREROUTING "+hpEntryDNAT, "-A OUTPUT "+hpEntryDNAT)
 		} else {
 			if st.entries == nil {
@@ -309,7 +263,7 @@ func planHostPortIPTables(fam Family, st hpState, ch hpChange) (*restoreScript, 
 			}
 			rule := hpMasqRule(ch.add.Mark)
 			if !st.masq.exists {
-				decl = append(decl, ":"+HostPortMasqChain+" - [0:0]")
+				declare(HostPortMasqChain)
 				adds = append(adds, "-I POSTROUTING 1 "+hpEntryMasq)
 			} else if st.entries == nil {
 				return nil, errNeedEntries
@@ -338,38 +292,24 @@ func planHostPortIPTables(fam Family, st hpState, ch hpChange) (*restoreScript, 
 			}
 		}
 		post = append(post, "-X "+HostPortDNATChain)
-		if st.masq.exists && onlyHostPortMasq(st.masq.rules) {
+		if st.masq.exists && !slices.ContainsFunc(st.masq.rules, func(r xtRule) bool { return !isHostPortMasq(r) }) {
 			if present(hpEntryPost) {
 				dels = append(dels, "-D POSTROUTING "+hpEntryMasq)
 			}
-			decl = append(decl, ":"+HostPortMasqChain+" - [0:0]")
+			declare(HostPortMasqChain)
 			post = append(post, "-X "+HostPortMasqChain)
 		}
 		// The reference's mark chain, unused once CNI-HOSTPORT-DNAT is gone.
-		decl = append(decl, ":"+HostPortSetMarkChain+" - [0:0]")
+		declare(HostPortSetMarkChain)
 		post = append(post, "-X "+HostPortSetMarkChain)
 	}
 
-	s := &restoreScript{table: "nat"}
 	if len(dels) == 0 && len(adds) == 0 && len(post) == 0 {
 		// Declarations alone only create or flush chains: with nothing removed or
 		// added there is nothing to do.
-		return s, nil
+		return nil, nil
 	}
-	for _, group := range [][]string{decl, dels, adds, post} {
-		s.add(group...)
-	}
-	return s, nil
-}
-
-// onlyHostPortMasq reports whether every rule is a masquerade rule portmap writes.
-func onlyHostPortMasq(rules []xtRule) bool {
-	for _, r := range rules {
-		if !isHostPortMasq(r) {
-			return false
-		}
-	}
-	return true
+	return slices.Concat(decl, dels, adds, post), nil
 }
 
 // hpGCChange is the removal GC does in one family, given its CNI-HOSTPORT-DNAT: every
@@ -377,35 +317,28 @@ func onlyHostPortMasq(rules []xtRule) bool {
 // container keep does not list.
 func hpGCChange(top chainListing, network string, keep cniplumb.Owners) hpChange {
 	ch := hpChange{removeIDs: map[OwnerID]bool{}, chains: map[string]bool{}, teardown: true}
-	var tags []Tag
-	for _, r := range top.rules {
-		if r.ours {
-			tags = append(tags, r.tag)
-		}
-	}
-	for _, t := range Stale(tags, network, keep) {
-		ch.removeIDs[t.ID] = true
-	}
 	cids := map[string]bool{}
 	for o := range keep {
 		if o.Network == network {
 			cids[o.ContainerID] = true
 		}
 	}
+	var tags []Tag
 	for _, r := range top.rules {
 		if r.ours {
-			continue
-		}
-		if n, cid, ok := refOwner(r.comment); ok && n == network && !cids[cid] && r.target == HostPortChain(n, cid) {
+			tags = append(tags, r.tag)
+		} else if n, cid, ok := refOwner(r.comment); ok && n == network && !cids[cid] && r.target == HostPortChain(n, cid) {
 			ch.chains[r.target] = true
 		}
+	}
+	for _, t := range Stale(tags, network, keep) {
+		ch.removeIDs[t.ID] = true
 	}
 	return ch
 }
 
-// hpCheck compares family fam of p with the listings of CNI-HOSTPORT-DNAT (top) and
-// the per-container chain (dn): every rule p wants must be there, tagged as p's owner,
-// and nothing else of that owner.
+// hpCheck compares family fam of p with the listings of CNI-HOSTPORT-DNAT and the
+// per-container chain: every rule p wants must be there, and nothing else of p.Owner.
 func hpCheck(fam Family, p HostPortPlan, top, dn chainListing) error {
 	rend, err := renderHostPortIPTables(fam, p)
 	if err != nil {

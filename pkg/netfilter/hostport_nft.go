@@ -11,9 +11,8 @@ import (
 	"github.com/podwire/podwire/pkg/cniplumb"
 )
 
-// HostPortNFTables is the nftables HostPortBackend: the plan's neutral rules (Rules)
-// in table inet podwire_hostport, through the NFTables backend (netlink only, one
-// atomic batch per operation, the table removed with its last rule).
+// HostPortNFTables is the nftables HostPortBackend: the plan's Rules in table inet
+// podwire_hostport, through NFTables.
 type HostPortNFTables struct {
 	nft *NFTables
 }
@@ -42,9 +41,8 @@ func (b *HostPortNFTables) Check(ctx context.Context, p HostPortPlan) error {
 // nftables backend made for o's container (tables ip/ip6 cni_hostport, rules whose
 // comment is the container ID: the reference keys them by container only).
 func (b *HostPortNFTables) Remove(ctx context.Context, o Owner, _ Families) error {
-	// The reference's rules first: closing the socket after our own deletion would
-	// wait for the kernel to free the deleted rules (an RCU grace period); before it,
-	// nothing of ours is pending.
+	// The reference's rules first: after our own deletion, releasing the socket would
+	// wait for an RCU grace period (see nftSocket); before it, nothing is pending.
 	c, done, err := b.nft.s.conn()
 	if err != nil {
 		return err
@@ -64,9 +62,8 @@ const refNFTTable = "cni_hostport"
 
 var refNFTChains = []string{"hostports", "hostip_hostports", "masquerading"}
 
-// removeRefNFT deletes the reference nftables portmap's rules for containerID, in one
-// batch per family, on c; a missing table or chain is nothing to do. It costs one
-// netlink round trip per family when the reference's tables are absent.
+// removeRefNFT deletes the reference nftables portmap's rules for containerID, one
+// batch per family; absent tables cost one netlink round trip per family.
 func removeRefNFT(c NFTConn, containerID string) error {
 	var errs []error
 	for _, fam := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6} {

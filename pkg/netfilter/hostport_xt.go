@@ -11,53 +11,38 @@ import (
 )
 
 // HostPortIPTables is the iptables HostPortBackend, in the reference portmap's layout
-// (see hostport_iptables.go). Per address family an operation lists
-// CNI-HOSTPORT-DNAT (and, when it needs them, CNI-HOSTPORT-MASQ, a per-container chain
-// shared with another attachment, or the entry jumps; never a whole table) and runs
-// one `iptables-restore --noflush` transaction. A busy xtables lock is waited for and
-// retried inside the call before it becomes a code-11 error. ip6tables is not run for
-// a family the operation does not touch.
-type HostPortIPTables struct {
-	xt   XTables
-	lock func() (func(), error)
-}
+// (hostport_iptables.go). Per family it touches (ip6tables does not run otherwise), an
+// operation lists CNI-HOSTPORT-DNAT (and as needed CNI-HOSTPORT-MASQ, a shared
+// per-container chain or the entry jumps; never a whole table) and runs one
+// `iptables-restore --noflush`; a busy xtables lock is retried before it is a code-11
+// error.
+type HostPortIPTables struct{ xtLayout }
 
 var _ HostPortBackend = (*HostPortIPTables)(nil)
 
-// listChain lists one nat chain.
-func (b *HostPortIPTables) listChain(ctx context.Context, fam Family, chain string) (chainListing, error) {
-	rules, exists, err := listXT(ctx, b.xt, fam, "nat", chain)
-	return chainListing{exists: exists, rules: rules}, err
-}
-
 // parallel runs the functions at once (each is a process start on the real backend)
-// and returns the first error.
+// and joins their errors.
 func parallel(fns ...func() error) error {
 	errs := make([]error, len(fns))
 	var wg sync.WaitGroup
 	for i, fn := range fns {
-		wg.Add(1)
-		go func() { defer wg.Done(); errs[i] = fn() }()
+		wg.Go(func() { errs[i] = fn() })
 	}
 	wg.Wait()
 	return errors.Join(errs...)
 }
 
-// listState lists CNI-HOSTPORT-DNAT and, when masq, CNI-HOSTPORT-MASQ; with entries,
-// it checks the entry jumps at the same time (an ADD needs them whenever the shared
-// chains exist, which is every ADD but a node's first).
+// listState lists CNI-HOSTPORT-DNAT (and CNI-HOSTPORT-MASQ); with entries it checks
+// the entry jumps at the same time, as every ADD but a node's first needs them.
 func (b *HostPortIPTables) listState(ctx context.Context, fam Family, masq, entries bool) (hpState, error) {
 	st := hpState{dn: map[string]chainListing{}}
-	fns := []func() error{func() (err error) { st.top, err = b.listChain(ctx, fam, HostPortDNATChain); return err }}
+	fns := []func() error{func() (err error) { st.top, err = b.list(ctx, fam, HostPortDNATChain); return err }}
 	if entries {
 		fns = append(fns, func() (err error) { st.entries, err = b.checkEntries(ctx, fam); return err })
 	}
 	if masq {
-		fns = append(fns, func() error {
-			l, err := b.listChain(ctx, fam, HostPortMasqChain)
-			st.masq = &l
-			return err
-		})
+		st.masq = &chainListing{}
+		fns = append(fns, func() (err error) { *st.masq, err = b.list(ctx, fam, HostPortMasqChain); return err })
 	}
 	return st, parallel(fns...)
 }
@@ -80,45 +65,42 @@ func (b *HostPortIPTables) checkEntries(ctx context.Context, fam Family) (map[hp
 	return out, nil
 }
 
-// change plans and runs one family's transaction, listing more when the planner asks
-// for it. When the transaction fails while tearing down the shared chains (someone
-// else's rule may still reference them), it is retried without that part, so the
+// change plans and runs one family's transaction, listing what the planner asks for.
+// A transaction that fails while tearing down the shared chains is planned again
+// with the entry jumps checked (the teardown takes them to be there), then without
+// the teardown (someone else's rule may still reference a shared chain), so the
 // attachment's own rules still go.
 func (b *HostPortIPTables) change(ctx context.Context, fam Family, st hpState, ch hpChange) error {
 	for tries := 0; ; tries++ {
-		script, err := planHostPortIPTables(fam, st, ch)
+		lines, err := planHostPortIPTables(fam, st, ch)
 		var need errNeed
 		if errors.As(err, &need) && tries < 10 {
 			switch need {
 			case errNeedEntries:
 				st.entries, err = b.checkEntries(ctx, fam)
 			case HostPortMasqChain:
-				var l chainListing
-				l, err = b.listChain(ctx, fam, HostPortMasqChain)
-				st.masq = &l
+				st.masq = &chainListing{}
+				*st.masq, err = b.list(ctx, fam, HostPortMasqChain)
 			default:
-				st.dn[string(need)], err = b.listChain(ctx, fam, string(need))
+				st.dn[string(need)], err = b.list(ctx, fam, string(need))
 			}
 			if err != nil {
 				return err
 			}
 			continue
 		}
-		if err != nil || script.empty() {
+		if err != nil {
 			return err
 		}
-		err = b.xt.Restore(ctx, fam, script.String())
+		err = b.restore(ctx, fam, lines)
 		switch {
 		case err == nil || IsBusy(err) || !ch.teardown:
 			return err
 		case st.entries == nil:
-			// The teardown took the entry jumps to be there; see which are.
 			if st.entries, err = b.checkEntries(ctx, fam); err != nil {
 				return err
 			}
 		default:
-			// Someone else's rule may still reference a shared chain: remove just
-			// the attachment's own rules.
 			ch.teardown = false
 		}
 	}
@@ -126,24 +108,13 @@ func (b *HostPortIPTables) change(ctx context.Context, fam Family, st hpState, c
 
 // Apply implements HostPortBackend.
 func (b *HostPortIPTables) Apply(ctx context.Context, p HostPortPlan) error {
-	fams := p.Families()
-	for _, fam := range []Family{IPv4, IPv6} {
-		if fams.Has(fam) {
-			if _, err := renderHostPortIPTables(fam, p); err != nil {
-				return err
-			}
+	for _, fam := range p.Families().list() {
+		if _, err := renderHostPortIPTables(fam, p); err != nil {
+			return err
 		}
 	}
-	unlock, err := b.lock()
-	if err != nil {
-		return err
-	}
-	defer unlock()
 	chain := HostPortChain(p.Owner.Network, p.Owner.ContainerID)
-	for _, fam := range []Family{IPv4, IPv6} {
-		if !fams.Has(fam) {
-			continue
-		}
+	return b.apply(p.Families(), func(fam Family) error {
 		st, err := b.listState(ctx, fam, p.masquerades(), true)
 		if err != nil {
 			return err
@@ -151,14 +122,14 @@ func (b *HostPortIPTables) Apply(ctx context.Context, p HostPortPlan) error {
 		ch := hpChange{add: &p, removeIDs: map[OwnerID]bool{IDOf(p.Owner): true}, chains: map[string]bool{chain: true}}
 		if err := b.change(ctx, fam, st, ch); err != nil {
 			if p.SetMarkChain != "" && !IsBusy(err) {
-				if l, lerr := b.listChain(ctx, fam, p.SetMarkChain); lerr == nil && !l.exists {
+				if l, lerr := b.list(ctx, fam, p.SetMarkChain); lerr == nil && !l.exists {
 					return cniplumb.ConfigError("externalSetMarkChain", "the %s nat table has no chain %s: create it first (kube-proxy does) or remove externalSetMarkChain", fam, p.SetMarkChain)
 				}
 			}
 			return fmt.Errorf("installing %s host ports of %s: %w", fam, p.Owner, err)
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // Remove implements HostPortBackend. It also removes the reference portmap's jumps and
@@ -166,69 +137,45 @@ func (b *HostPortIPTables) Apply(ctx context.Context, p HostPortPlan) error {
 // container only, so this covers every interface of o's container in that network),
 // and o's per-container chain even when no jump leads to it.
 func (b *HostPortIPTables) Remove(ctx context.Context, o Owner, fams Families) error {
-	var present []Family
-	for _, fam := range []Family{IPv4, IPv6} {
-		if fams.Has(fam) && b.xt.Installed(fam) {
-			present = append(present, fam)
+	return b.cleanup(fams, func(fam Family) error {
+		if err := b.removeFamily(ctx, fam, o); err != nil {
+			return fmt.Errorf("removing %s host ports: %w", fam, err)
 		}
-	}
-	if len(present) == 0 {
 		return nil
-	}
-	unlock, err := b.lock()
+	})
+}
+
+func (b *HostPortIPTables) removeFamily(ctx context.Context, fam Family, o Owner) error {
+	st, err := b.listState(ctx, fam, false, false)
 	if err != nil {
 		return err
 	}
-	defer unlock()
-	var errs []error
-	for _, fam := range present {
-		errs = append(errs, b.removeFamily(ctx, fam, map[OwnerID]bool{IDOf(o): true}, HostPortChain(o.Network, o.ContainerID)))
-	}
-	return errors.Join(errs...)
-}
-
-// removeFamily removes the owners ids and the per-container chains from one family;
-// the caller holds the lock.
-func (b *HostPortIPTables) removeFamily(ctx context.Context, fam Family, ids map[OwnerID]bool, chains ...string) error {
-	st, err := b.listState(ctx, fam, false, false)
-	ch := hpChange{removeIDs: ids, chains: map[string]bool{}, teardown: true}
-	for _, c := range chains {
-		if err != nil {
-			break
+	ch := hpChange{removeIDs: map[OwnerID]bool{IDOf(o): true}, chains: map[string]bool{}, teardown: true}
+	chain := HostPortChain(o.Network, o.ContainerID)
+	dn := chainListing{exists: true}
+	if !slices.ContainsFunc(st.top.rules, func(r xtRule) bool { return r.target == chain }) {
+		// No jump leads there (a repeated DEL, or CNI-HOSTPORT-DNAT was flushed):
+		// a listing, cheaper than a transaction, tells whether it is there at all.
+		if dn, err = b.list(ctx, fam, chain); err != nil {
+			return err
 		}
-		jumped := slices.ContainsFunc(st.top.rules, func(r xtRule) bool { return r.target == c })
-		if !jumped {
-			// No jump leads there (a repeated DEL, or CNI-HOSTPORT-DNAT was flushed):
-			// a listing, cheaper than a transaction, tells whether it is there at all.
-			var l chainListing
-			if l, err = b.listChain(ctx, fam, c); err != nil || !l.exists {
-				continue
-			}
-		}
-		ch.chains[c] = true
 	}
-	if err == nil {
-		err = b.change(ctx, fam, st, ch)
+	if dn.exists {
+		ch.chains[chain] = true
 	}
-	if err != nil {
-		return fmt.Errorf("removing %s host ports: %w", fam, err)
-	}
-	return nil
+	return b.change(ctx, fam, st, ch)
 }
 
 // Check implements HostPortBackend: this attachment's jumps and rules, the entry
 // jumps into the shared chains, and the masquerade rule for its mark.
 func (b *HostPortIPTables) Check(ctx context.Context, p HostPortPlan) error {
 	chain := HostPortChain(p.Owner.Network, p.Owner.ContainerID)
-	for _, fam := range []Family{IPv4, IPv6} {
-		if !p.Families().Has(fam) {
-			continue
-		}
+	for _, fam := range p.Families().list() {
 		st, err := b.listState(ctx, fam, p.masquerades(), true)
 		if err != nil {
 			return err
 		}
-		dn, err := b.listChain(ctx, fam, chain)
+		dn, err := b.list(ctx, fam, chain)
 		if err != nil {
 			return err
 		}
@@ -257,31 +204,18 @@ func (b *HostPortIPTables) Check(ctx context.Context, p HostPortPlan) error {
 // An attachment whose jumps someone flushed away is not found here; portmap's GC
 // removes it through its marker (Remove).
 func (b *HostPortIPTables) GC(ctx context.Context, network string, keep cniplumb.Owners) error {
-	unlock, err := b.lock()
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	var errs []error
-	for _, fam := range []Family{IPv4, IPv6} {
-		if !b.xt.Installed(fam) {
-			continue
-		}
+	return b.cleanup(All, func(fam Family) error {
 		st, err := b.listState(ctx, fam, false, false)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if !st.top.exists {
-			continue
+		if err != nil || !st.top.exists {
+			return err
 		}
 		ch := hpGCChange(st.top, network, keep)
 		if len(ch.removeIDs) == 0 && len(ch.chains) == 0 {
-			continue
+			return nil
 		}
 		if err := b.change(ctx, fam, st, ch); err != nil {
-			errs = append(errs, fmt.Errorf("collecting %s host ports of network %s: %w", fam, network, err))
+			return fmt.Errorf("collecting %s host ports of network %s: %w", fam, network, err)
 		}
-	}
-	return errors.Join(errs...)
+		return nil
+	})
 }

@@ -3,15 +3,14 @@ package netfilter
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/podwire/podwire/pkg/cniplumb"
 )
 
-// This file renders ipMasq in the reference's iptables layout (see masquerade.go) as
-// iptables-restore lines for the nat table, and decides what to add, check and remove
-// from `iptables -t nat -S` listings of one chain and of POSTROUTING. It is pure; the
-// exec side is in masq_iptables_linux.go.
+// ipMasq in the reference's iptables layout (masquerade.go), pure: what to add, check
+// and remove, decided from listings of one chain and of POSTROUTING; masq_xt.go runs it.
 
 // masqPostrouting is the built-in chain the per-address jumps hang off.
 const masqPostrouting = "POSTROUTING"
@@ -26,9 +25,8 @@ func addrsOf(fam Family, addrs []netip.Prefix) []netip.Prefix {
 	return out
 }
 
-// masqXTChainRules are the rules of o's chain for the addresses of family fam, as the
-// reference writes them (and as `iptables -S` prints them): an ACCEPT per distinct
-// subnet, then one MASQUERADE of everything but multicast.
+// masqXTChainRules are o's chain's rules for family fam as the reference writes them
+// and `iptables -S` prints them: an ACCEPT per subnet, then a MASQUERADE.
 func masqXTChainRules(o Owner, fam Family, addrs []netip.Prefix) []string {
 	chain, c := MasqChain(o), xtQuote(masqComment(o))
 	var out []string
@@ -40,7 +38,7 @@ func masqXTChainRules(o Owner, fam Family, addrs []netip.Prefix) []string {
 		}
 	}
 	if len(out) > 0 {
-		out = append(out, fmt.Sprintf("-A %s ! -d %s -m comment --comment %s -j MASQUERADE", chain, multicastOf(fam), c))
+		out = append(out, fmt.Sprintf("-A %s ! -d %s -m comment --comment %s -j MASQUERADE", chain, multicast[fam], c))
 	}
 	return out
 }
@@ -55,30 +53,29 @@ func masqXTJumps(o Owner, fam Family, addrs []netip.Prefix) []string {
 	return out
 }
 
-// planMasqXTAdd returns the restore lines (nat table) that give family fam of p's
-// owner every rule of p. chain is the listing of the owner's chain, nil when it does
-// not exist (then no jump to it can exist either and post is not needed); post is the
-// POSTROUTING listing. Rules already there stay; missing subnet ACCEPTs go in front of
-// the MASQUERADE. No lines means nothing to do.
-func planMasqXTAdd(p MasqPlan, fam Family, chain []xtRule, chainExists bool, post []xtRule) []string {
+// planMasqXTAdd returns the restore lines that give family fam of p's owner every rule
+// of p, given the listings of the owner's chain and of POSTROUTING (not needed when
+// the chain does not exist: then no jump to it can either). Rules already there stay;
+// missing subnet ACCEPTs go in front of the MASQUERADE.
+func planMasqXTAdd(p MasqPlan, fam Family, own chainListing, post []xtRule) []string {
 	rules := masqXTChainRules(p.Owner, fam, p.Addrs)
 	jumps := masqXTJumps(p.Owner, fam, p.Addrs)
 	if len(rules) == 0 {
 		return nil
 	}
 	name := MasqChain(p.Owner)
-	if !chainExists {
+	if !own.exists {
 		return append(append([]string{":" + name + " - [0:0]"}, rules...), jumps...)
 	}
 	var out []string
 	accepts, masq := rules[:len(rules)-1], rules[len(rules)-1]
 	// Insert the missing ACCEPTs at the top in reverse, so they end up in order.
 	for i := len(accepts) - 1; i >= 0; i-- {
-		if !containsRule(chain, accepts[i]) {
+		if !own.has(accepts[i]) {
 			out = append(out, "-I "+name+" 1"+strings.TrimPrefix(accepts[i], "-A "+name))
 		}
 	}
-	if !containsRule(chain, masq) {
+	if !own.has(masq) {
 		out = append(out, masq)
 	}
 	for _, j := range jumps {
@@ -89,17 +86,12 @@ func planMasqXTAdd(p MasqPlan, fam Family, chain []xtRule, chainExists bool, pos
 	return out
 }
 
-// planMasqXTDel returns the restore lines that remove o's jumps from POSTROUTING and,
-// when no jump into o's chain remains, the chain itself. addrs are o's addresses of
-// this family when known: only their jumps go (also the reference's old "-s <subnet>"
-// form); nil means every jump into the chain. chainExists says whether the chain is
-// there when post shows no jump to it.
-func planMasqXTDel(o Owner, addrs []netip.Prefix, post []xtRule, chainExists bool) []string {
-	return planMasqXTDelChain(MasqChain(o), addrs, post, chainExists)
-}
-
-// planMasqXTDelChain is planMasqXTDel for the chain name.
-func planMasqXTDelChain(name string, addrs []netip.Prefix, post []xtRule, chainExists bool) []string {
+// planMasqXTDel returns the restore lines that remove the jumps into chain name from
+// POSTROUTING and, when none remains, the chain itself. addrs are the owner's
+// addresses of this family when known: only their jumps go (also the reference's old
+// "-s <subnet>" form); nil means every jump into the chain. chainExists says whether
+// the chain is there when post shows no jump to it.
+func planMasqXTDel(name string, addrs []netip.Prefix, post []xtRule, chainExists bool) []string {
 	var out []string
 	remaining := 0
 	for _, r := range post {
@@ -122,24 +114,15 @@ func planMasqXTDelChain(name string, addrs []netip.Prefix, post []xtRule, chainE
 // fromAny reports whether a jump's source is one of addrs, as a single address or as
 // its subnet (the form older reference versions wrote).
 func fromAny(src netip.Prefix, addrs []netip.Prefix) bool {
-	if !src.IsValid() {
-		return false
-	}
-	for _, a := range addrs {
-		if src == hostPrefix(a.Addr()) || src == a.Masked() {
-			return true
-		}
-	}
-	return false
+	return src.IsValid() && slices.ContainsFunc(addrs, func(a netip.Prefix) bool {
+		return src == hostPrefix(a.Addr()) || src == a.Masked()
+	})
 }
 
 // planMasqXTGC returns the restore lines that remove, from one family, the masquerade
-// of every container of network that keep does not hold: all its jumps, then its
-// chain. A jump is the network's when its comment names the network and its target
-// is the chain MasqChain derives from the network and the comment's container, or,
-// where the comment had to be cut (very long container IDs), any reference-style
-// chain; it is kept when its target is the chain of a container keep holds. Anything
-// else is left alone. Also returns the stale chains, sorted by first appearance.
+// (all jumps, then the chain) of every container of network that keep does not hold:
+// the targets of jumps masqCommentOf gives to network that are no kept container's
+// chain. It also returns those chains, in order of first appearance.
 func planMasqXTGC(network string, keep cniplumb.Owners, post []xtRule) (lines []string, stale []string) {
 	kept := map[string]bool{}
 	for o := range keep {
@@ -160,7 +143,7 @@ func planMasqXTGC(network string, keep cniplumb.Owners, post []xtRule) (lines []
 		stale = append(stale, r.target)
 	}
 	for _, chain := range stale {
-		lines = append(lines, planMasqXTDelChain(chain, nil, post, true)...)
+		lines = append(lines, planMasqXTDel(chain, nil, post, true)...)
 	}
 	return lines, stale
 }
@@ -176,15 +159,15 @@ func masqCommentOf(network, n, id string, r xtRule) bool {
 	return cut && (n == network || len(n) >= masqCommentRoom/2 && strings.HasPrefix(network, n))
 }
 
-// checkMasqXT compares family fam of p with the listings: nil chain (absent) is
+// checkMasqXT compares family fam of p with the listings: an absent chain is
 // IsNotFound; a missing rule or jump is an error naming it.
-func checkMasqXT(p MasqPlan, fam Family, chain []xtRule, chainExists bool, post []xtRule) error {
+func checkMasqXT(p MasqPlan, fam Family, own chainListing, post []xtRule) error {
 	name := MasqChain(p.Owner)
-	if !chainExists {
+	if !own.exists {
 		return notFound("%s: chain %s does not exist", fam, name)
 	}
 	for _, want := range masqXTChainRules(p.Owner, fam, p.Addrs) {
-		if !containsRule(chain, want) {
+		if !own.has(want) {
 			return fmt.Errorf("%s: rule %q is missing; run DEL and ADD again", fam, want)
 		}
 	}

@@ -14,38 +14,17 @@ import (
 	"github.com/podwire/podwire/pkg/cniplumb"
 )
 
-// This file is ipMasq in the reference's nftables layout (see masquerade.go), with the
-// same bytecode the nft tool generates for the reference's rule text, on the nftables
-// engine (nft_layout.go).
+// ipMasq in the reference's nftables layout (masquerade.go), with the bytecode the nft
+// tool generates for the reference's rule text, on the engine of nft_layout.go.
 
-// The reference's nftables objects.
-const (
-	masqNFTTableName = "cni_plugins_masquerade"
-	masqNFTChecks    = "masq_checks"
-	masqNFTPost      = "postrouting"
-)
+const masqNFTChecks = "masq_checks"
 
-func masqNFTTable() *nftables.Table {
-	return &nftables.Table{Name: masqNFTTableName, Family: nftables.TableFamilyINet}
-}
-
-// masqNFTChains returns the regular chain masq_checks and the base chain postrouting
-// (nat, hook postrouting, priority srcnat = 100, policy accept).
-func masqNFTChains(t *nftables.Table) (checks, post *nftables.Chain) {
-	accept := nftables.ChainPolicyAccept
-	return &nftables.Chain{Name: masqNFTChecks, Table: t},
-		&nftables.Chain{Name: masqNFTPost, Table: t, Type: nftables.ChainTypeNAT,
-			Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept}
-}
+var nfprotos = map[Family]byte{IPv4: unix.NFPROTO_IPV4, IPv6: unix.NFPROTO_IPV6}
 
 // nfproto matches the packet's family (the dependency nft adds before "ip"/"ip6"
 // matches in an inet table).
 func nfproto(f Family) []expr.Any {
-	p := byte(unix.NFPROTO_IPV4)
-	if f == IPv6 {
-		p = unix.NFPROTO_IPV6
-	}
-	return []expr.Any{&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{p}}}
+	return []expr.Any{&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{nfprotos[f]}}}
 }
 
 // addrField returns the network-header offset and length of the source or destination
@@ -89,7 +68,7 @@ func nftPrefixMatch(dst bool, p netip.Prefix, op expr.CmpOp) []expr.Any {
 func masqNFTPostRules(t *nftables.Table, post *nftables.Chain) []*nftables.Rule {
 	var out []*nftables.Rule
 	for _, f := range []Family{IPv4, IPv6} {
-		e := append(nfproto(f), nftPrefixMatch(true, multicastOf(f), expr.CmpOpEq)...)
+		e := append(nfproto(f), nftPrefixMatch(true, multicast[f], expr.CmpOpEq)...)
 		e = append(e, &expr.Verdict{Kind: expr.VerdictReturn})
 		out = append(out, &nftables.Rule{Table: t, Chain: post, Exprs: e})
 	}
@@ -115,21 +94,24 @@ func masqNFTRules(t *nftables.Table, checks *nftables.Chain, p MasqPlan) []*nfta
 	return out
 }
 
-// ruleComment returns a rule's comment ("" when it has none).
 func ruleComment(r *nftables.Rule) string {
 	s, _ := userdata.GetString(r.UserData, userdata.TypeComment)
 	return s
 }
 
 // masqLayout is the reference's table: masq_checks holds one rule per pod address,
-// commented with the owner's instance hash first; postrouting's three rules are shared.
+// commented with the owner's instance hash first; the base chain postrouting (nat,
+// priority srcnat, policy accept) holds three shared rules.
 func masqLayout() *nftLayout {
-	t := masqNFTTable()
-	checks, post := masqNFTChains(t)
+	t := &nftables.Table{Name: "cni_plugins_masquerade", Family: nftables.TableFamilyINet}
+	accept := nftables.ChainPolicyAccept
+	checks := &nftables.Chain{Name: masqNFTChecks, Table: t}
+	post := &nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept}
 	return &nftLayout{
 		table:  t,
 		chains: []*nftables.Chain{checks, post},
-		fixed:  map[string][]*nftables.Rule{masqNFTPost: masqNFTPostRules(t, post)},
+		fixed:  map[string][]*nftables.Rule{post.Name: masqNFTPostRules(t, post)},
 		key:    masqInstance,
 		netKey: masqNetHash,
 		// Rules are matched on the hashes at the start of their comment, so a comment
@@ -145,11 +127,10 @@ func masqLayout() *nftLayout {
 }
 
 // MasqNFTables is the nftables MasqBackend: the reference's table inet
-// cni_plugins_masquerade (see masquerade.go), through netlink only. The table and its
-// two chains are created when missing, without the comments the reference gives them
-// (google/nftables cannot write object comments); the reference does not care.
-// podwire deletes the table with its last masquerade rule, so a node without pods
-// carries nothing; the reference leaves it in place.
+// cni_plugins_masquerade (masquerade.go). The table and its chains are created when
+// missing without the reference's object comments (google/nftables cannot write
+// them; the reference does not read them), and deleted with the last masquerade rule
+// (the reference leaves them).
 type MasqNFTables struct {
 	s *nftSocket
 }
@@ -195,10 +176,7 @@ func (b *MasqNFTables) xtablesChainExists(fam Family, chain string) (bool, error
 		return false, err
 	}
 	defer done()
-	tf := nftables.TableFamilyIPv4
-	if fam == IPv6 {
-		tf = nftables.TableFamilyIPv6
-	}
+	tf := map[Family]nftables.TableFamily{IPv4: nftables.TableFamilyIPv4, IPv6: nftables.TableFamilyIPv6}[fam]
 	_, err = c.ListChain(&nftables.Table{Name: "nat", Family: tf}, chain)
 	if err == nil || isNoEnt(err) {
 		return err == nil, nil

@@ -8,19 +8,18 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/podwire/podwire/pkg/cniplumb"
 )
 
-// This file is what bridge's verbs call for ipMasq: the backend choice for ADD, and
-// DEL, CHECK and GC across both layouts, as the reference does (its DEL and GC tear
-// down iptables and nftables alike, since a pod may have been made with another
-// backend or another binary).
+// What bridge's verbs call for ipMasq: the backend choice for ADD, and DEL, CHECK and
+// GC across both layouts, as the reference's DEL and GC do (a pod may have been made
+// with another backend or another binary).
 
-// ProbeMasq finds what the host offers for ipMasq: ProbeHost, plus, when both
-// backends are there (only then does it change the choice), whether the reference
-// plugin could drive nftables (RefNFT).
+// ProbeMasq is ProbeHost plus, when both backends are there (only then does it change
+// the choice), whether the reference plugin could drive nftables (RefNFT).
 func ProbeMasq() MasqProbe {
 	p := MasqProbe{Probe: ProbeHost()}
 	if p.NFTables && p.IPTables {
@@ -41,19 +40,15 @@ func OpenMasq(want Kind) (MasqBackend, Kind, error) {
 		return nil, "", err
 	}
 	if k == KindIPTables {
-		return newMasqIPTables(hostXT(), lockIPTables("masq")), k, nil
+		return &MasqIPTables{hostXTLayout("masq")}, k, nil
 	}
 	return &MasqNFTables{s: hostNFTSocket()}, k, nil
 }
 
 // RemoveMasq is ipMasq's DEL: it removes o's masquerade from both layouts, whichever
-// backend is configured. The nftables side is netlink only. The iptables side execs
-// only for a family where o's chain may exist: on iptables-nft that is one netlink
-// lookup of the chain in table ip (ip6) nat; on iptables-legacy the chain can only
-// exist once the legacy nat table has been used in this netns
-// (/proc/net/ip_tables_names), and then it costs the iptables listing. addrs are the
-// pod's addresses when known (see MasqBackend.Remove). A backend the node does not
-// offer is skipped, as the reference skips it.
+// backend is configured, skipping one the node does not offer (as the reference
+// does). The iptables side execs only for a family where o's chain may exist
+// (xtablesMayHave). addrs are the pod's addresses when known (see MasqBackend.Remove).
 func RemoveMasq(ctx context.Context, o Owner, addrs []netip.Prefix) error {
 	var errs []error
 	nft := &MasqNFTables{s: hostNFTSocket()}
@@ -61,35 +56,17 @@ func RemoveMasq(ctx context.Context, o Owner, addrs []netip.Prefix) error {
 	if nftErr != nil && ProbeHost().NFTables {
 		errs = append(errs, nftErr)
 	}
-	fams := All
-	if len(addrs) > 0 {
-		fams = prefixFamilies(addrs)
-	}
 	var need Families
 	chain := MasqChain(o)
-	for _, fam := range []Family{IPv4, IPv6} {
-		if !fams.Has(fam) {
-			continue
-		}
+	for _, fam := range removalFamilies(addrs).list() {
 		may, err := xtablesMayHave(nft, fam, chain)
-		if err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, err)
 		if may {
-			need |= famBit(fam)
+			need |= fam.bit()
 		}
 	}
-	if need != 0 {
-		errs = append(errs, newMasqIPTables(hostXT(), lockIPTables("masq")).removeFamilies(ctx, o, addrs, need))
-	}
+	errs = append(errs, (&MasqIPTables{hostXTLayout("masq")}).removeFamilies(ctx, o, addrs, need))
 	return errors.Join(errs...)
-}
-
-func famBit(f Family) Families {
-	if f == IPv6 {
-		return V6
-	}
-	return V4
 }
 
 // CheckMasq is ipMasq's CHECK: p's rules in the backend want picks, or, when none of
@@ -107,7 +84,7 @@ func CheckMasq(ctx context.Context, want Kind, p MasqPlan) error {
 	var other MasqBackend
 	switch {
 	case k == KindNFTables && hostXT().Installed(IPv4) && (p.Families()&V6 == 0 || hostXT().Installed(IPv6)):
-		other = newMasqIPTables(hostXT(), lockIPTables("masq"))
+		other = &MasqIPTables{hostXTLayout("masq")}
 	case k == KindIPTables:
 		other = &MasqNFTables{s: hostNFTSocket()}
 	default:
@@ -130,7 +107,7 @@ func GCMasq(ctx context.Context, network string, keep cniplumb.Owners) error {
 		}
 	}
 	if p.IPTables {
-		if err := newMasqIPTables(hostXT(), lockIPTables("masq")).GC(ctx, network, keep); err != nil {
+		if err := (&MasqIPTables{hostXTLayout("masq")}).GC(ctx, network, keep); err != nil {
 			errs = append(errs, fmt.Errorf("iptables: %w", err))
 		}
 	}
@@ -160,30 +137,28 @@ func modeOfBinary(resolved string) xtablesMode {
 }
 
 // xtablesMayHave reports whether chain may exist in fam's iptables nat table, as
-// cheaply as that can be known; true means "list it to find out".
+// cheaply as that can be known; true means "list it to find out". On iptables-nft
+// that is one netlink lookup of the chain in table ip (ip6) nat; on iptables-legacy
+// the chain can only exist once the legacy nat table has been used in this netns.
 func xtablesMayHave(nft *MasqNFTables, fam Family, chain string) (bool, error) {
 	bin, _ := binaries(fam)
-	mode := xtUnknown
-	if path, err := exec.LookPath(bin); err == nil {
-		if resolved, err := filepath.EvalSymlinks(path); err == nil {
-			mode = modeOfBinary(resolved)
-		}
-	} else {
+	path, err := exec.LookPath(bin)
+	if err != nil {
 		// No iptables: only a chain iptables-nft left behind could be there, and it
 		// could not be removed without the binary.
-		exists, err := nft.xtablesChainExists(fam, chain)
-		if err == nil && exists {
+		if exists, err := nft.xtablesChainExists(fam, chain); err == nil && exists {
 			return false, fmt.Errorf("%s masquerade chain %s exists in the nat table but %s is not installed; install iptables so DEL can remove it", fam, chain, bin)
 		}
 		return false, nil
 	}
-	switch mode {
+	resolved, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return true, nil
+	}
+	switch modeOfBinary(resolved) {
 	case xtNFT:
 		exists, err := nft.xtablesChainExists(fam, chain)
-		if err != nil {
-			return true, nil // cannot tell: list it
-		}
-		return exists, nil
+		return exists || err != nil, nil // an error: cannot tell, so list it
 	case xtLegacy:
 		return legacyNATInUse(fam), nil
 	}
@@ -202,18 +177,13 @@ func legacyNATInUse(fam Family) bool {
 		// No x_tables in this kernel (or no /proc): nothing legacy can exist.
 		return !errors.Is(err, os.ErrNotExist)
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.TrimSpace(l) == "nat" {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(strings.Fields(string(b)), "nat")
 }
 
 // refCanUseNFT reports whether the reference plugin could drive nftables on this host:
 // it runs `nft` and requires version 1.0.1 or later (knftables). The verdict is cached
-// per nft binary (cniplumb.FileVerdict), so only the first call after an nft install
-// or upgrade runs `nft --version`.
+// per nft binary (cniplumb.FileVerdict): only the first call after an nft install or
+// upgrade runs `nft --version`.
 func refCanUseNFT() bool {
 	path, err := exec.LookPath("nft")
 	if err != nil {

@@ -10,29 +10,24 @@ import (
 	"strings"
 )
 
-// This file is bridge's ipMasq: the masquerade of one attachment as plain data
-// (MasqPlan), the kernel names it gets, the MasqBackend interface and the backend
-// choice. It is pure; the backends are in masq_*_linux.go.
+// bridge's ipMasq, pure: MasqPlan, its kernel names, MasqBackend and the backend
+// choice. The backends are in masq_xt.go and masq_nft_layout.go.
 //
-// Unlike the other features of this package, ipMasq does not live in objects of
-// podwire's own: it uses exactly the reference bridge plugin's layout (plugins v1.10.0,
-// pkg/ip/ipmasq_*_linux.go), so a node can swap binaries under live pods. The
-// reference's DEL finds and removes what podwire's ADD made, and podwire's DEL finds
-// what the reference's ADD made, in either backend:
+// ipMasq lives in no objects of podwire's own: it uses exactly the reference bridge
+// plugin's layout (plugins v1.10.0, pkg/ip/ipmasq_*_linux.go), so a node can swap
+// binaries under live pods: each binary's DEL finds what the other's ADD made, in
+// either backend:
 //
 //	iptables: chain CNI-<sha512(network+containerID)[:24 hex]> in the nat table, with
 //	          "-d <subnet> -j ACCEPT" per subnet and "! -d 224.0.0.0/4 -j MASQUERADE"
 //	          (ff00::/8 in ip6tables); one jump per pod address from POSTROUTING,
-//	          "-s <ip>/32 -j CNI-…". Every rule is commented `name: "<net>" id: "<cid>"`.
+//	          "-s <ip>/32 -j CNI-…". Every rule is commented `name: "<net>" id: "<cid>"`;
+//	          no interface name anywhere (see MasqBackend).
 //	nftables: table inet cni_plugins_masquerade, base chain postrouting (nat, srcnat)
 //	          holding "ip daddr 224.0.0.0/4 return", "ip6 daddr ff00::/8 return" and
 //	          "goto masq_checks"; per pod address in masq_checks
 //	          "ip saddr <ip> ip daddr != <subnet> masquerade", commented
 //	          "<sha512(net)[:16]>-<sha512(ifname:cid)[:16]>, net: …, if: …, id: …".
-//
-// The iptables layout knows no interface name: two attachments of one network in one
-// container share a chain. podwire tells their jumps apart by source address when DEL
-// knows the addresses (prevResult) and keeps the chain while another jump uses it.
 
 // MasqPlan is the masquerade of one attachment: traffic from each address to anything
 // outside the address's subnet and not multicast leaves with the node's address.
@@ -45,14 +40,18 @@ type MasqPlan struct {
 // Families returns the families of the plan's addresses.
 func (p MasqPlan) Families() Families { return prefixFamilies(p.Addrs) }
 
+// removalFamilies are the families DEL looks in: those of addrs when known, else both.
+func removalFamilies(addrs []netip.Prefix) Families {
+	if len(addrs) == 0 {
+		return All
+	}
+	return prefixFamilies(addrs)
+}
+
 func prefixFamilies(addrs []netip.Prefix) Families {
 	var s Families
 	for _, a := range addrs {
-		if FamilyOf(a.Addr()) == IPv4 {
-			s |= V4
-		} else {
-			s |= V6
-		}
+		s |= FamilyOf(a.Addr()).bit()
 	}
 	return s
 }
@@ -75,24 +74,13 @@ func (p MasqPlan) Validate() error {
 func (p MasqPlan) String() string {
 	var b strings.Builder
 	for _, a := range p.Addrs {
-		fmt.Fprintf(&b, "masquerade %s from %s except to %s and %s\n", p.Owner, a.Addr(), a.Masked(), multicastOf(FamilyOf(a.Addr())))
+		fmt.Fprintf(&b, "masquerade %s from %s except to %s and %s\n", p.Owner, a.Addr(), a.Masked(), multicast[FamilyOf(a.Addr())])
 	}
 	return b.String()
 }
 
-var (
-	multicast4 = netip.MustParsePrefix("224.0.0.0/4")
-	multicast6 = netip.MustParsePrefix("ff00::/8")
-)
+var multicast = map[Family]netip.Prefix{IPv4: netip.MustParsePrefix("224.0.0.0/4"), IPv6: netip.MustParsePrefix("ff00::/8")}
 
-func multicastOf(f Family) netip.Prefix {
-	if f == IPv6 {
-		return multicast6
-	}
-	return multicast4
-}
-
-// hostPrefix is a as a single-address prefix (/32, /128).
 func hostPrefix(a netip.Addr) netip.Prefix { return netip.PrefixFrom(a, a.BitLen()) }
 
 // sha512Hex returns the first n hex digits of sha512(s), the reference's hash for
@@ -102,9 +90,8 @@ func sha512Hex(s string, n int) string {
 	return hex.EncodeToString(sum[:])[:n]
 }
 
-// MasqChain is the reference's iptables chain for o's masquerade:
-// "CNI-" + 24 hex digits of sha512(network + containerID). The interface name is not
-// part of it.
+// MasqChain is the reference's iptables chain for o's masquerade: "CNI-" + 24 hex
+// digits of sha512(network + containerID), without the interface name.
 func MasqChain(o Owner) string { return "CNI-" + sha512Hex(o.Network+o.ContainerID, 24) }
 
 // masqComment is the reference's iptables comment on every masquerade rule of o,
@@ -156,7 +143,6 @@ func masqInstance(o Owner) string {
 	return masqNetHash(o.Network) + "-" + sha512Hex(o.IfName+":"+o.ContainerID, 16)
 }
 
-// masqInstanceLen is the length of a masqInstance.
 const masqInstanceLen = 16 + 1 + 16
 
 // masqNFTCommentMax is the longest rule comment the reference writes (knftables'
@@ -167,21 +153,18 @@ const masqNFTCommentMax = 128
 func masqNFTComment(o Owner) string {
 	strip := func(s string) string { return strings.ReplaceAll(s, `"`, "") }
 	c := fmt.Sprintf("%s, net: %s, if: %s, id: %s", masqInstance(o), strip(o.Network), strip(o.IfName), strip(o.ContainerID))
-	if len(c) > masqNFTCommentMax {
-		c = c[:masqNFTCommentMax]
-	}
-	return c
+	return c[:min(len(c), masqNFTCommentMax)]
 }
 
 // MasqBackend installs and removes masquerades in the reference plugin's layout of
-// one backend. Apply gives p.Owner exactly p's rules: on iptables it keeps what is
-// there and adds what is missing (as the reference's AppendUnique does), on nftables
-// it replaces the owner's rules in one batch. Removal knows
-// the pod's addresses when prevResult has them: iptables then only touches their
-// families and their jumps (a chain shared with another interface of the same
-// container stays while that one uses it); without them everything of the owner
-// goes, in both families. The iptables layout knows no interface name, so there GC
-// keeps an attachment when keep holds any interface of its container in network.
+// one backend. Apply gives p.Owner p's rules: iptables adds what is missing (as the
+// reference's AppendUnique), nftables replaces the owner's rules in one batch.
+// Removal knows the pod's addresses when prevResult has them: iptables then touches
+// only their families and jumps, telling apart by source address the attachments of
+// one network in one container, which share a chain (it stays while another's jump
+// uses it); without them all of the owner's goes, in both families. For the same
+// reason iptables GC keeps an attachment when keep holds any interface of its
+// container in network.
 type MasqBackend = Backend[MasqPlan, []netip.Prefix]
 
 // NewMasqOn returns the ipMasq backend of kind k on the given seams (a fake kernel in
@@ -190,11 +173,7 @@ func NewMasqOn(k Kind, xt XTables, nc NFTConn) MasqBackend {
 	if k == KindNFTables {
 		return &MasqNFTables{s: nftSocketOn(nc)}
 	}
-	return newMasqIPTables(xt, func() (func(), error) { return noLock("") })
-}
-
-func newMasqIPTables(xt XTables, lock func() (func(), error)) *MasqIPTables {
-	return &MasqIPTables{xt: xt, lock: lock}
+	return &MasqIPTables{xtLayout{xt, func() (func(), error) { return noLock("") }}}
 }
 
 // MasqProbe is what the host offers for ipMasq, as ProbeMasq finds it.

@@ -13,15 +13,13 @@ import (
 	"github.com/podwire/podwire/pkg/cniplumb"
 )
 
-// This file is the one nftables engine every nftables layout runs on (podwire's own
-// tables for host ports and macspoofchk, the reference's masquerade table): an
-// attachment's rules are the rules of the layout's chains whose comment names the
-// attachment. Every operation is one dump of those chains and at most one atomic
-// batch.
+// The one nftables engine of every nftables layout (podwire's hostport and macspoof
+// tables, the reference's masquerade table): an attachment's rules are those of the
+// layout's chains whose comment names it; an operation is one dump of those chains
+// and at most one atomic batch.
 
-// NFTConn is the part of a google/nftables connection the nftables layouts use: the
-// seam between them and the kernel. *nftables.Conn is the real one; tests use the
-// in-memory kernel of package fake.
+// NFTConn is the part of a google/nftables connection the nftables layouts use:
+// *nftables.Conn, or in tests the in-memory kernel of package fake.
 type NFTConn interface {
 	ListTableOfFamily(name string, fam nftables.TableFamily) (*nftables.Table, error)
 	ListChain(t *nftables.Table, name string) (*nftables.Chain, error)
@@ -37,12 +35,11 @@ type NFTConn interface {
 	Flush() error
 }
 
-// nftSocket holds one nf_tables connection across calls, bound to the network
-// namespace of its first call, and the lock that serializes podwire's own
-// read-modify-write cycles per table. Keeping the socket matters for speed: the
-// kernel frees deleted rules after an RCU grace period, and releasing an nf_tables
-// socket waits for that; a plugin that goes on with other work after removing rules
-// lets the grace period pass meanwhile and closes the socket at exit.
+// nftSocket holds one nf_tables connection across calls, in the network namespace of
+// its first call, and the lock that serializes podwire's read-modify-write cycles
+// per table. Keeping it open matters for speed: releasing an nf_tables socket waits
+// for the RCU grace period after which the kernel frees deleted rules; a plugin that
+// works on and closes it at exit lets the grace period pass meanwhile.
 type nftSocket struct {
 	mu    sync.Mutex
 	c     NFTConn
@@ -103,10 +100,8 @@ func (s *nftSocket) locked(l *nftLayout, fn func(c NFTConn) error) error {
 // nftLayout is where a layout keeps attachments' rules and how it names their owners.
 type nftLayout struct {
 	table  *nftables.Table
-	chains []*nftables.Chain // created when missing (base chains with their hook)
-	// fixed are the rules a chain holds for everyone (not an attachment's), put back
-	// when missing.
-	fixed map[string][]*nftables.Rule
+	chains []*nftables.Chain           // created when missing (base chains with their hook)
+	fixed  map[string][]*nftables.Rule // per chain, rules for everyone, put back when missing
 	// key is an owner's identity and ruleKey reads it, with the network's, from a
 	// rule; ok is false for rules of no attachment.
 	key     func(o Owner) string
@@ -128,8 +123,7 @@ func (l *nftLayout) what() string {
 func (l *nftLayout) read(c NFTConn) (nftState, error) {
 	st := nftState{exists: map[string]bool{}}
 	for _, ch := range l.chains {
-		// A dump of a missing table or chain is empty, not an error; only an empty
-		// dump needs the (cheap) question whether the chain exists.
+		// Only an empty dump needs the (cheap) question whether the chain exists.
 		rules, err := c.GetRules(l.table, ch)
 		if err != nil && !isNoEnt(err) {
 			return st, fmt.Errorf("listing chain %s of %s: %w", ch.Name, l.what(), err)
@@ -147,7 +141,6 @@ func (l *nftLayout) read(c NFTConn) (nftState, error) {
 	return st, nil
 }
 
-// owned returns the rules of st that pick selects by their owner key.
 func (l *nftLayout) owned(st nftState, pick func(key, net string) bool) []*nftables.Rule {
 	var out []*nftables.Rule
 	for _, r := range st.rules {
@@ -175,7 +168,6 @@ func (l *nftLayout) stalePick(network string, keep cniplumb.Owners) func(key, ne
 	return func(key, net string) bool { return net == nk && !kept[key] }
 }
 
-// fixedMissing reports whether chain lacks its fixed rules.
 func (l *nftLayout) fixedMissing(st nftState, chain string) bool {
 	have := map[string]int{}
 	for _, r := range st.rules {
@@ -231,9 +223,8 @@ func (l *nftLayout) apply(s *nftSocket, o Owner, add []*nftables.Rule) error {
 	})
 }
 
-// remove deletes the rules pick selects, in one batch. When no attachment's rule is
-// left and the table holds nothing but the layout's chains and fixed rules, the
-// table goes with them, so a node without pods carries nothing.
+// remove deletes the rules pick selects, in one batch, and the table with them when
+// nothing else is left in it (onlyThese), so a node without pods carries nothing.
 func (l *nftLayout) remove(s *nftSocket, pick func(key, net string) bool) error {
 	return s.locked(l, func(c NFTConn) error {
 		st, err := l.read(c)
@@ -264,9 +255,8 @@ func (l *nftLayout) remove(s *nftSocket, pick func(key, net string) bool) error 
 	})
 }
 
-// onlyThese reports whether the table would hold nothing of anyone's once the gone
-// rules are deleted: no other attachment's rule, no rule but the fixed ones, no
-// chain but the layout's.
+// onlyThese reports whether the table holds nothing but the gone rules, the fixed
+// ones and the layout's chains.
 func (l *nftLayout) onlyThese(c NFTConn, st nftState, gone int) bool {
 	owned, fixed := 0, 0
 	for _, r := range st.rules {
@@ -290,8 +280,9 @@ func (l *nftLayout) onlyThese(c NFTConn, st nftState, gone int) bool {
 	return t.Use == n || binaryutil.BigEndian.Uint32(binaryutil.NativeEndian.PutUint32(t.Use)) == n
 }
 
-// check compares o's rules with want, by what they do (DescribeRule's text without
-// the comment), and the layout's fixed rules: none of o's is IsNotFound.
+// check compares o's rules with want by chain and what they do (describeExprs; the
+// chain matters, as prerouting and output hold the same rules for different traffic),
+// and the layout's fixed rules. None of o's is IsNotFound.
 func (l *nftLayout) check(s *nftSocket, o Owner, want []*nftables.Rule) error {
 	c, done, err := s.conn()
 	if err != nil {
@@ -302,8 +293,6 @@ func (l *nftLayout) check(s *nftSocket, o Owner, want []*nftables.Rule) error {
 	if err != nil {
 		return err
 	}
-	// Rules are compared by chain and what they do (prerouting and output hold the
-	// same rules for different traffic).
 	text := func(r *nftables.Rule) string { return r.Chain.Name + ": " + describeExprs(r.Exprs) }
 	have := map[string]int{}
 	mine := l.owned(st, l.ownerPick(o))

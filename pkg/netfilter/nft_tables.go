@@ -2,6 +2,7 @@ package netfilter
 
 import (
 	"context"
+	"slices"
 
 	"github.com/google/nftables"
 
@@ -9,9 +10,8 @@ import (
 )
 
 // NFTables is the backend of podwire's own nftables tables: each Feature lives in a
-// table podwire_<feature> with one base chain per hook, and every rule carries its
-// owner's Tag as comment. The table is created with the first rule and deleted with
-// the last. Netlink only, no exec.
+// table podwire_<feature> with one base chain per hook, created with the first rule
+// and deleted with the last; every rule carries its owner's Tag as comment.
 type NFTables struct {
 	s *nftSocket
 }
@@ -54,17 +54,14 @@ func (p Plan) render() (*nftLayout, []*nftables.Rule, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	chains := map[string]*nftables.Chain{}
-	for _, ch := range l.chains {
-		chains[ch.Name] = ch
-	}
 	var out []*nftables.Rule
 	for _, r := range p.Rules {
 		ex, err := nftExprs(p.Feature, r)
 		if err != nil {
 			return nil, nil, err
 		}
-		out = append(out, &nftables.Rule{Table: l.table, Chain: chains[r.Hook.Name], Exprs: ex, UserData: encodeTag(tagFor(p.Owner, r))})
+		ch := l.chains[slices.Index(p.Feature.Hooks, r.Hook)] // one chain per hook, in order
+		out = append(out, &nftables.Rule{Table: l.table, Chain: ch, Exprs: ex, UserData: encodeTag(tagFor(p.Owner, r))})
 	}
 	return l, out, nil
 }

@@ -16,22 +16,17 @@ import (
 
 // NFTFamily is the nft tool's name of a table family.
 func NFTFamily(f nftables.TableFamily) string {
-	switch f {
-	case nftables.TableFamilyINet:
-		return "inet"
-	case nftables.TableFamilyIPv4:
-		return "ip"
-	case nftables.TableFamilyIPv6:
-		return "ip6"
-	case nftables.TableFamilyBridge:
-		return "bridge"
+	if s, ok := nftFamilies[f]; ok {
+		return s
 	}
 	return strconv.Itoa(int(f))
 }
 
-// DescribeRule renders an nftables rule in nft's words for the expression shapes this
-// package writes (an expression it does not know shows as its Go type), followed by
-// its comment: for CHECK's comparisons, messages and readable golden tests.
+var nftFamilies = map[nftables.TableFamily]string{nftables.TableFamilyINet: "inet",
+	nftables.TableFamilyIPv4: "ip", nftables.TableFamilyIPv6: "ip6", nftables.TableFamilyBridge: "bridge"}
+
+// DescribeRule is describeExprs of r followed by its comment, for messages and
+// readable golden tests.
 func DescribeRule(r *nftables.Rule) string {
 	s := describeExprs(r.Exprs)
 	if c := ruleComment(r); c != "" {
@@ -41,7 +36,7 @@ func DescribeRule(r *nftables.Rule) string {
 }
 
 // describeExprs renders rule expressions in nft's words for the shapes this package
-// writes (an expression it does not know shows as its Go type), for readable goldens.
+// writes (an expression it does not know shows as its Go type): what CHECK compares.
 func describeExprs(es []expr.Any) string {
 	var out []string
 	load, fam, mask := "", "", []byte(nil)

@@ -12,7 +12,7 @@ import (
 )
 
 // This file renders rules as nftables expressions and reads tags back from rule
-// userdata. It is pure; the netlink side is in nftables_linux.go.
+// userdata. It is pure; the netlink side is in nft_layout.go.
 
 // TableName is the nftables table of feature f: podwire_<name>, in the inet family
 // (bridge family for Bridge features).
@@ -56,12 +56,8 @@ func nftChain(t *nftables.Table, h Hook) (*nftables.Chain, error) {
 // reads, so `nft list ruleset` shows it.
 func encodeTag(t Tag) []byte { return userdata.AppendString(nil, userdata.TypeComment, t.String()) }
 
-// decodeTag reads a tag from rule userdata.
 func decodeTag(ud []byte) (Tag, bool) {
-	s, ok := userdata.GetString(ud, userdata.TypeComment)
-	if !ok {
-		return Tag{}, false
-	}
+	s, _ := userdata.GetString(ud, userdata.TypeComment)
 	return ParseTag(s)
 }
 
@@ -72,15 +68,7 @@ func cmpOp(neg bool) expr.CmpOp {
 	return expr.CmpOpEq
 }
 
-func addrBytes(a netip.Addr) []byte {
-	a = a.Unmap()
-	if a.Is4() {
-		b := a.As4()
-		return b[:]
-	}
-	b := a.As16()
-	return b[:]
-}
+func addrBytes(a netip.Addr) []byte { return a.Unmap().AsSlice() }
 
 var protoNums = map[Proto]byte{TCP: unix.IPPROTO_TCP, UDP: unix.IPPROTO_UDP, SCTP: unix.IPPROTO_SCTP}
 
@@ -144,11 +132,7 @@ func nftExprs(f Feature, r Rule) ([]expr.Any, error) {
 	case Masquerade:
 		e = append(e, &expr.Masq{})
 	case DNAT:
-		nfproto := uint32(unix.NFPROTO_IPV4)
-		if r.Family == IPv6 {
-			nfproto = unix.NFPROTO_IPV6
-		}
-		nat := &expr.NAT{Type: expr.NATTypeDestNAT, Family: nfproto, RegAddrMin: 1}
+		nat := &expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(nfprotos[r.Family]), RegAddrMin: 1}
 		e = append(e, &expr.Immediate{Register: 1, Data: addrBytes(a.Addr)})
 		if a.Port != 0 {
 			e = append(e, &expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(a.Port)})

@@ -22,10 +22,9 @@ import (
 // This file binds the backends to the real kernel: the iptables binaries, nf_tables
 // netlink sockets and the lock files in LockDir.
 
-// LockDir holds podwire's netfilter lock files. The lock serializes podwire's own
+// LockDir holds podwire's netfilter lock files. A lock serializes podwire's own
 // read-modify-write cycles per backend and layout (list our chains, then change them),
-// so two plugins never decide on the same stale listing; other programs are not
-// affected. It is released by the kernel when the process dies, even by SIGKILL.
+// so two plugins never decide on the same stale listing; other programs are not held.
 var LockDir = "/run/podwire"
 
 // lockNamed takes LockDir/<name>.lock.
@@ -41,8 +40,8 @@ func lockNamed(name string) (unlock func(), err error) {
 var lockWait = time.Minute
 
 // LockFile takes an exclusive flock on path (created 0600 if missing, never through a
-// symlink); unlock releases it, and so does the process's death. A lock still held
-// after lockWait is a code-11 error.
+// symlink); unlock releases it, and so does the process's death, even by SIGKILL. A
+// lock still held after lockWait is a code-11 error.
 func LockFile(path string) (unlock func(), err error) {
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
@@ -64,17 +63,17 @@ func LockFile(path string) (unlock func(), err error) {
 // binary is probed once however many backends a plugin opens.
 var hostXT = sync.OnceValue(newExecXT)
 
-func lockIPTables(layout string) func() (func(), error) {
-	return func() (func(), error) { return lockNamed("iptables-" + layout) }
+// hostXTLayout is an iptables layout on the installed binaries, with its lock file.
+func hostXTLayout(layout string) xtLayout {
+	return xtLayout{hostXT(), func() (func(), error) { return lockNamed("iptables-" + layout) }}
 }
 
-// nftBuf is the send and receive buffer of podwire's nf_tables sockets. A batch goes
-// to the kernel as one message, which must fit the send buffer; the kernel answers
-// every message of it (google/nftables asks for an acknowledgement of each, and an
-// echo of each new rule) before the plugin reads any answer. With the default buffers
-// a batch of a few hundred rules fails (EMSGSIZE sending, ENOBUFS receiving). 64 MiB
-// is room for some 30,000 rules (a pod with 2,000 dual-stack host ports); memory is
-// only used while a batch or its answers wait.
+// nftBuf is the send and receive buffer of podwire's nf_tables sockets. A batch is one
+// message, which must fit the send buffer, and the kernel answers each message of it
+// (google/nftables asks for an acknowledgement of each and an echo of each new rule)
+// before the plugin reads: with the default buffers a few hundred rules fail
+// (EMSGSIZE, ENOBUFS). 64 MiB holds some 30,000 rules (2,000 dual-stack host ports on
+// one pod); the memory is used only while a batch or its answers wait.
 const nftBuf = 64 << 20
 
 // dialNFT opens a lasting nf_tables socket in the current network namespace.
@@ -218,31 +217,30 @@ func namedProbe(want Kind) Probe {
 }
 
 // OpenHostPorts returns the host-port backend for want and the kind it chose. Auto
-// picks what the reference portmap picks when its "backend" is unset — iptables when
-// iptables and iptables-restore are installed, nftables otherwise — because the
-// reference's DEL only looks in its own default backend: a node that switches back to
-// the reference under live pods must find their rules there. Configure "nftables" for
-// the faster, exec-free backend. A backend asked for by name but missing is a code-50
-// error.
+// picks what the reference portmap picks with "backend" unset (iptables when installed,
+// else nftables), because the reference's DEL only looks in its own default backend:
+// a node that switches back to the reference under live pods must find their rules
+// there. "nftables" is the faster, exec-free choice. A backend asked for by name but
+// missing is a code-50 error.
 func OpenHostPorts(want Kind) (HostPortBackend, Kind, error) {
-	p := namedProbe(want)
-	if !want.Named() {
-		if hostXT().Installed(IPv4) {
-			return newHostPortIPTables(hostXT(), lockIPTables("hostport")), KindIPTables, nil
-		}
-		nft := NewNFTables()
-		if nftUsable(nft) {
-			return &HostPortNFTables{nft: nft}, KindNFTables, nil
-		}
+	nft, k, err := NewNFTables(), want, error(nil)
+	switch {
+	case want.Named():
+		k, err = Pick(want, namedProbe(want))
+	case hostXT().Installed(IPv4):
+		k = KindIPTables
+	case nftUsable(nft):
+		k = KindNFTables
+	default:
+		_, err = Pick(Auto, Probe{})
 	}
-	k, err := Pick(want, p)
 	if err != nil {
 		return nil, "", err
 	}
 	if k == KindIPTables {
-		return newHostPortIPTables(hostXT(), lockIPTables("hostport")), k, nil
+		return &HostPortIPTables{hostXTLayout("hostport")}, k, nil
 	}
-	return &HostPortNFTables{nft: NewNFTables()}, k, nil
+	return &HostPortNFTables{nft: nft}, k, nil
 }
 
 // nftUsable reports whether the kernel answers nf_tables requests, asked on b's own

@@ -1,25 +1,24 @@
 // Package netfilter is podwire's packet-filter layer, shared by bridge (ipMasq,
-// macspoofchk) and portmap. An attachment's rules are described as plain data (a
-// HostPortPlan, a MasqPlan, or a Plan of backend-neutral Rules) owned by one
-// cniplumb.Owner; a layout renders them into one program's kernel objects and
-// recognizes them again for CHECK, DEL and GC, whatever else the node holds:
+// macspoofchk) and portmap. An attachment's rules are plain data (a HostPortPlan, a
+// MasqPlan, or a Plan of backend-neutral Rules) owned by one cniplumb.Owner; a layout
+// renders them into one program's kernel objects and recognizes them again for CHECK,
+// DEL and GC, whatever else the node holds:
 //
 //	portmap, iptables   the reference's CNI-HOSTPORT-DNAT/-MASQ and CNI-DN-<hash> (hostport_iptables.go)
-//	portmap, nftables   podwire's table inet podwire_hostport (nft_tables.go)
+//	portmap, nftables   podwire's table inet podwire_hostport (hostport_nft.go)
 //	ipMasq, iptables    the reference's CNI-<hash> chain and POSTROUTING jumps (masq_iptables.go)
 //	ipMasq, nftables    the reference's table inet cni_plugins_masquerade (masq_nft_layout.go)
 //	macspoofchk         podwire's table bridge podwire_macspoof (nft_tables.go)
 //
-// Layouts run on two narrow seams: XTables (`iptables -S` of one chain, -C, and one
-// `iptables-restore --noflush` per change, through github.com/coreos/go-iptables and
-// the binary) and NFTConn (a github.com/google/nftables connection, one atomic batch
-// per change). Package fake implements both in memory for unit tests.
+// Layouts run on two seams, XTables (xtables.go) and NFTConn (nft_layout.go); package
+// fake implements both in memory for unit tests.
 package netfilter
 
 import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 )
 
@@ -27,9 +26,7 @@ import (
 type Family uint8
 
 const (
-	// AnyFamily is for rules that match no address (layer 2 rules of a bridge-family
-	// feature).
-	AnyFamily Family = 0
+	AnyFamily Family = 0 // rules that match no address (layer 2, bridge-family features)
 	IPv4      Family = 4
 	IPv6      Family = 6
 )
@@ -62,27 +59,32 @@ const (
 	All          = V4 | V6
 )
 
+var familyBits = map[Family]Families{IPv4: V4, IPv6: V6}
+
+func (f Family) bit() Families { return familyBits[f] }
+
 // Has reports whether f is in the set.
-func (s Families) Has(f Family) bool {
-	switch f {
-	case IPv4:
-		return s&V4 != 0
-	case IPv6:
-		return s&V6 != 0
+func (s Families) Has(f Family) bool { return s&f.bit() != 0 }
+
+// list returns the families of the set, IPv4 first.
+func (s Families) list() []Family {
+	var out []Family
+	for _, f := range []Family{IPv4, IPv6} {
+		if s.Has(f) {
+			out = append(out, f)
+		}
 	}
-	return false
+	return out
 }
 
 // Hook is a base chain a feature hangs its rules off: a netfilter hook, a chain type
-// and a priority. In iptables it is the built-in chain of the same name in the table
-// named by Type.
+// and a priority.
 type Hook struct {
 	Name     string // prerouting, input, forward, output, postrouting
 	Type     string // nat or filter
 	Priority int32  // nftables priority
 }
 
-// The hooks features use.
 var (
 	NATPrerouting  = Hook{Name: "prerouting", Type: "nat", Priority: -100}
 	NATOutput      = Hook{Name: "output", Type: "nat", Priority: -100}
@@ -92,17 +94,12 @@ var (
 	BridgePrerouting = Hook{Name: "prerouting", Type: "filter", Priority: -300}
 )
 
-// Feature names a group of rules with its own kernel objects, so features never touch
-// each other's rules.
+// Feature names a group of rules with its own nftables table, podwire_<Name>, so
+// features never touch each other's rules.
 type Feature struct {
-	// Name is a short lower-case word ("masq", "hostport"); it names the nftables table
-	// podwire_<name> and the iptables chains PW-<NAME>-<HOOK>.
-	Name string
-	// Hooks are the base chains the feature's rules go into.
-	Hooks []Hook
-	// Bridge puts the feature in an nftables table of the bridge family (layer 2
-	// rules). Such features have no iptables implementation.
-	Bridge bool
+	Name   string // a short lower-case word ("hostport", "macspoof")
+	Hooks  []Hook // the base chains the feature's rules go into
+	Bridge bool   // a table of the bridge family (layer 2 rules) instead of inet
 }
 
 // Proto is a layer-4 protocol a rule can match.
@@ -138,9 +135,8 @@ const (
 	Masquerade
 	DNAT    // to Action.Addr and, when non-zero, Action.Port
 	SetMark // OR Action.Mark into the packet mark
-	// Jump continues in the existing iptables chain Action.Chain (such as kube-proxy's
-	// KUBE-MARK-MASQ) and comes back. iptables only: nftables cannot jump into an
-	// iptables chain, so the nftables backend rejects it.
+	// Jump continues in the existing iptables chain Action.Chain (kube-proxy's
+	// KUBE-MARK-MASQ) and comes back; nftables cannot jump into an iptables chain.
 	Jump
 )
 
@@ -149,12 +145,19 @@ var actionNames = map[ActionKind]string{Return: "return", Accept: "accept", Drop
 
 // Action is a rule's verdict or target.
 type Action struct {
-	Kind ActionKind
-	Addr netip.Addr
-	Port uint16
-	Mark uint32
-	// Chain is the target of a Jump.
-	Chain string
+	Kind  ActionKind
+	Addr  netip.Addr
+	Port  uint16
+	Mark  uint32
+	Chain string // the target of a Jump
+}
+
+// dnatTo is a DNAT's target as both nft and iptables write it: address[:port].
+func (a Action) dnatTo() string {
+	if a.Port == 0 {
+		return a.Addr.String()
+	}
+	return netip.AddrPortFrom(a.Addr, a.Port).String()
 }
 
 // Rule is one backend-neutral rule in a feature's base chain.
@@ -205,11 +208,7 @@ func (r Rule) String() string {
 	b.WriteString(" " + actionNames[a.Kind])
 	switch a.Kind {
 	case DNAT:
-		if a.Port != 0 {
-			fmt.Fprintf(&b, " to %s", netip.AddrPortFrom(a.Addr, a.Port))
-		} else {
-			fmt.Fprintf(&b, " to %s", a.Addr)
-		}
+		b.WriteString(" to " + a.dnatTo())
 	case SetMark:
 		fmt.Fprintf(&b, " %#x", a.Mark)
 	case Jump:
@@ -220,13 +219,7 @@ func (r Rule) String() string {
 
 // Validate reports a rule no backend could install, naming the problem.
 func (r Rule) validate(f Feature) error {
-	found := false
-	for _, h := range f.Hooks {
-		if h == r.Hook {
-			found = true
-		}
-	}
-	if !found {
+	if !slices.Contains(f.Hooks, r.Hook) {
 		return fmt.Errorf("rule %q: hook %s/%s is not one of feature %s's hooks", r, r.Hook.Type, r.Hook.Name, f.Name)
 	}
 	m := r.Match
@@ -241,9 +234,7 @@ func (r Rule) validate(f Feature) error {
 	if m.DstPort != 0 && m.Proto == "" {
 		return fmt.Errorf("rule %q: a port match needs a protocol", r)
 	}
-	switch m.Proto {
-	case "", TCP, UDP, SCTP:
-	default:
+	if _, ok := protoNums[m.Proto]; m.Proto != "" && !ok {
 		return fmt.Errorf("rule %q: unknown protocol %q", r, m.Proto)
 	}
 	if m.SrcMAC != nil && len(m.SrcMAC) != 6 {
@@ -280,12 +271,7 @@ type Plan struct {
 func (p Plan) Families() Families {
 	var s Families
 	for _, r := range p.Rules {
-		switch r.Family {
-		case IPv4:
-			s |= V4
-		case IPv6:
-			s |= V6
-		}
+		s |= r.Family.bit()
 	}
 	return s
 }

@@ -11,8 +11,7 @@ import (
 // Owner is the attachment a rule belongs to.
 type Owner = cniplumb.Owner
 
-// maxTag bounds a tag to what `nft` shows as a comment (128 bytes); iptables allows
-// 256.
+// maxTag bounds a tag to what `nft` shows as a comment (iptables allows 256).
 const maxTag = 128
 
 const tagPrefix = "pw:"
@@ -37,7 +36,6 @@ func hash8(s string) string {
 	return hex.EncodeToString(sum[:4])
 }
 
-// tagFor builds the tag for rule r of owner o.
 func tagFor(o Owner, r Rule) Tag {
 	return Tag{NetworkHash: hash8(o.Network), ID: IDOf(o), Fingerprint: hash8(r.String()), Owner: o}
 }
@@ -74,9 +72,8 @@ func ParseTag(s string) (t Tag, ok bool) {
 	return t, true
 }
 
-// OwnerID identifies an owner in the kernel: the first 16 hex digits of its hash.
-// Removal and GC work on IDs, so they need neither the owner's addresses nor a key
-// that fitted into the tag.
+// OwnerID identifies an owner in the kernel: 16 hex digits of its hash. Removal and
+// GC work on IDs, needing neither the owner's addresses nor a key fitted into the tag.
 type OwnerID string
 
 // IDOf returns o's ID.

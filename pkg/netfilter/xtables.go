@@ -2,21 +2,21 @@ package netfilter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 )
 
-// This file is the seam between podwire's iptables layouts and the iptables tools:
-// the xtables interface (what the layouts may ask of iptables), iptables-restore
-// scripts, and the parsing of `iptables -S <chain>` listings. It is pure; the exec
-// side is xtables_linux.go, the in-memory one Fake (fake.go).
+// The seam between podwire's iptables layouts and the iptables tools, what the layouts
+// share, and the parsing of `iptables -S <chain>` listings. Pure: the exec side is
+// xtables_linux.go, the in-memory one package fake.
 
-// XTables is everything the iptables layouts do with iptables: the seam between them
-// and the iptables tools (the installed binaries, or a fake kernel in tests). Layouts
-// list only chains they own or the built-in chains they hang off, never a whole table,
-// so their cost stays flat however many rules other programs keep.
+// XTables is everything the iptables layouts do with iptables. They list only chains
+// they own or the built-in chains they hang off, never a whole table, so their cost
+// stays flat however many rules other programs keep.
 type XTables interface {
 	// Installed reports whether fam's iptables and iptables-restore are there.
 	Installed(fam Family) bool
@@ -29,10 +29,74 @@ type XTables interface {
 	Restore(ctx context.Context, fam Family, script string) error
 }
 
-// listXT lists one chain and parses its rules.
-func listXT(ctx context.Context, xt XTables, fam Family, table, chain string) ([]xtRule, bool, error) {
-	lines, exists, err := xt.List(ctx, fam, table, chain)
-	return parseXTRules(lines), exists, err
+// xtLayout is what both iptables layouts (host ports, ipMasq; both in the nat table)
+// stand on: the seam and the lock serializing podwire's read-modify-write cycles.
+type xtLayout struct {
+	xt   XTables
+	lock func() (func(), error)
+}
+
+// chainListing is one listed chain; exists is false when it is absent.
+type chainListing struct {
+	exists bool
+	rules  []xtRule
+}
+
+// has reports whether the listing holds the rule line (compared by arguments).
+func (l chainListing) has(line string) bool { return containsRule(l.rules, line) }
+
+func (b xtLayout) list(ctx context.Context, fam Family, chain string) (chainListing, error) {
+	lines, exists, err := b.xt.List(ctx, fam, "nat", chain)
+	return chainListing{exists: exists, rules: parseXTRules(lines)}, err
+}
+
+// restore runs lines as one `iptables-restore --noflush` transaction of the nat table;
+// no lines is nothing to do.
+func (b xtLayout) restore(ctx context.Context, fam Family, lines []string) error {
+	if len(lines) == 0 {
+		return nil
+	}
+	return b.xt.Restore(ctx, fam, "*nat\n"+strings.Join(lines, "\n")+"\nCOMMIT\n")
+}
+
+// apply runs fn for each family of fams under the lock and stops at the first error.
+func (b xtLayout) apply(fams Families, fn func(Family) error) error {
+	unlock, err := b.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	for _, fam := range fams.list() {
+		if err := fn(fam); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// cleanup runs fn under the lock for each family of fams whose tools are installed
+// (without them nothing made rules, or can remove them; with none, no lock is taken)
+// and goes on after an error: DEL and GC are best-effort and report every failure.
+func (b xtLayout) cleanup(fams Families, fn func(Family) error) error {
+	var present []Family
+	for _, fam := range fams.list() {
+		if b.xt.Installed(fam) {
+			present = append(present, fam)
+		}
+	}
+	if len(present) == 0 {
+		return nil
+	}
+	unlock, err := b.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	var errs []error
+	for _, fam := range present {
+		errs = append(errs, fn(fam))
+	}
+	return errors.Join(errs...)
 }
 
 // maxChainName is iptables' limit on chain names (XT_EXTENSION_MAXNAMELEN - 1).
@@ -53,9 +117,8 @@ type xtRule struct {
 	ours    bool // the comment is a podwire tag
 }
 
-// parseXTRule parses one listed "-A" line.
 func parseXTRule(line string) xtRule {
-	r := xtRule{line: line, args: xtTokens(line)}
+	r := xtRule{line: line, args: SplitRuleArgs(line)}
 	if len(r.args) > 1 {
 		r.chain = r.args[1]
 	}
@@ -90,12 +153,11 @@ func parseXTRules(lines []string) []xtRule {
 	return out
 }
 
-// deleteLine turns a listed rule into the restore line that deletes it.
 func (r xtRule) deleteLine() string { return "-D" + strings.TrimPrefix(r.line, "-A") }
 
-// xtTokens splits an iptables rule line into arguments as iptables-restore does:
+// SplitRuleArgs splits an iptables rule line into arguments as iptables-restore does:
 // spaces separate, double quotes group, a backslash escapes the next character.
-func xtTokens(line string) []string {
+func SplitRuleArgs(line string) []string {
 	var out []string
 	var cur strings.Builder
 	inQ, have, esc := false, false, false
@@ -128,22 +190,9 @@ func xtTokens(line string) []string {
 // xtQuote quotes s for an iptables-restore line the way `iptables -S` prints
 // comments: in double quotes, with `"` and `\` escaped. Whatever s holds, it stays one
 // argument: no input can end the comment and add matches or a target.
-func xtQuote(s string) string {
-	var b strings.Builder
-	b.Grow(len(s) + 2)
-	b.WriteByte('"')
-	for i := 0; i < len(s); i++ {
-		if s[i] == '"' || s[i] == '\\' {
-			b.WriteByte('\\')
-		}
-		b.WriteByte(s[i])
-	}
-	b.WriteByte('"')
-	return b.String()
-}
+func xtQuote(s string) string { return `"` + xtEscaper.Replace(s) + `"` }
 
-// SplitRuleArgs splits an iptables rule line into arguments as iptables-restore does.
-func SplitRuleArgs(line string) []string { return xtTokens(line) }
+var xtEscaper = strings.NewReplacer(`"`, `\"`, `\`, `\\`)
 
 // FormatRuleArgs prints rule arguments as `iptables -S` does: comments (and anything
 // with a space, quote or backslash) quoted.
@@ -158,45 +207,12 @@ func FormatRuleArgs(args []string) string {
 	return strings.Join(out, " ")
 }
 
-// sameArgs compares two rule lines by their arguments, so quoting does not matter.
-func sameArgs(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
-// containsRule reports whether have holds the rule line want.
+// containsRule reports whether have holds the rule line want, compared by arguments
+// so quoting does not matter.
 func containsRule(have []xtRule, want string) bool {
-	w := xtTokens(want)
-	for _, r := range have {
-		if sameArgs(r.args, w) {
-			return true
-		}
-	}
-	return false
+	w := SplitRuleArgs(want)
+	return slices.ContainsFunc(have, func(r xtRule) bool { return slices.Equal(r.args, w) })
 }
-
-// restoreScript accumulates the lines of one table for `iptables-restore --noflush`.
-type restoreScript struct {
-	table string
-	lines []string
-}
-
-func (s *restoreScript) add(lines ...string) { s.lines = append(s.lines, lines...) }
-
-func (s *restoreScript) empty() bool { return len(s.lines) == 0 }
-
-func (s *restoreScript) String() string {
-	return "*" + s.table + "\n" + strings.Join(s.lines, "\n") + "\nCOMMIT\n"
-}
-
-func prefixArg(p netip.Prefix) string { return p.Masked().String() }
 
 // ruleArgs renders r with comment as iptables rule arguments, in the order
 // `iptables -S` prints them.
@@ -204,21 +220,42 @@ func ruleArgs(r Rule, comment string) (string, error) {
 	if r.Family != IPv4 && r.Family != IPv6 {
 		return "", fmt.Errorf("rule %q: iptables rules need an IP family", r)
 	}
+	a := matchArgs(r.Match)
+	if comment != "" {
+		a = append(a, "-m", "comment", "--comment", xtQuote(comment))
+	}
+	switch act := r.Action; act.Kind {
+	case Accept:
+		a = append(a, "-j", "ACCEPT")
+	case Masquerade:
+		a = append(a, "-j", "MASQUERADE")
+	case DNAT:
+		a = append(a, "-j", "DNAT", "--to-destination", act.dnatTo())
+	case SetMark:
+		a = append(a, "-j", "MARK", "--set-xmark", fmt.Sprintf("%#x/%#x", act.Mark, act.Mark))
+	case Jump:
+		a = append(a, "-j", act.Chain)
+	default:
+		return "", fmt.Errorf("rule %q: no iptables target for action %d", r, act.Kind)
+	}
+	return strings.Join(a, " "), nil
+}
+
+// matchArgs renders m as iptables match arguments (portmap's conditions are a Match
+// too), in the order `iptables -S` prints them.
+func matchArgs(m Match) []string {
 	var a []string
-	m := r.Match
-	neg := func(n bool) {
-		if n {
+	addr := func(flag string, p netip.Prefix, not bool) {
+		if !p.IsValid() {
+			return
+		}
+		if not {
 			a = append(a, "!")
 		}
+		a = append(a, flag, p.Masked().String())
 	}
-	if m.Src.IsValid() {
-		neg(m.NotSrc)
-		a = append(a, "-s", prefixArg(m.Src))
-	}
-	if m.Dst.IsValid() {
-		neg(m.NotDst)
-		a = append(a, "-d", prefixArg(m.Dst))
-	}
+	addr("-s", m.Src, m.NotSrc)
+	addr("-d", m.Dst, m.NotDst)
 	if m.InIface != "" {
 		a = append(a, "-i", m.InIface)
 	}
@@ -234,42 +271,14 @@ func ruleArgs(r Rule, comment string) (string, error) {
 	if m.Mark != 0 {
 		a = append(a, "-m", "mark", "--mark", fmt.Sprintf("%#x/%#x", m.Mark, m.Mark))
 	}
-	if comment != "" {
-		a = append(a, "-m", "comment", "--comment", xtQuote(comment))
-	}
-	switch act := r.Action; act.Kind {
-	case Accept:
-		a = append(a, "-j", "ACCEPT")
-	case Masquerade:
-		a = append(a, "-j", "MASQUERADE")
-	case DNAT:
-		to := act.Addr.String()
-		if act.Port != 0 {
-			to = netip.AddrPortFrom(act.Addr, act.Port).String()
-		}
-		a = append(a, "-j", "DNAT", "--to-destination", to)
-	case SetMark:
-		a = append(a, "-j", "MARK", "--set-xmark", fmt.Sprintf("%#x/%#x", act.Mark, act.Mark))
-	case Jump:
-		a = append(a, "-j", act.Chain)
-	default:
-		return "", fmt.Errorf("rule %q: no iptables target for action %d", r, act.Kind)
-	}
-	return strings.Join(a, " "), nil
+	return a
 }
 
 // validChainName reports whether s can be written into an iptables-restore line as a
 // chain name without changing the line's meaning.
 func validChainName(s string) bool {
-	if s == "" || len(s) > maxChainName || s[0] == '-' || s[0] == '!' {
-		return false
+	bad := func(c rune) bool {
+		return !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.ContainsRune("_-.", c))
 	}
-	for _, c := range s {
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '_', c == '-', c == '.':
-		default:
-			return false
-		}
-	}
-	return true
+	return s != "" && len(s) <= maxChainName && s[0] != '-' && !strings.ContainsFunc(s, bad)
 }

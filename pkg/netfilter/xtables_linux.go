@@ -28,7 +28,9 @@ type execXT struct {
 	ipts map[Family]*iptables.IPTables
 }
 
-func newExecXT() *execXT { return &execXT{lockWait: 5 * time.Second, attempts: 2} }
+func newExecXT() *execXT {
+	return &execXT{lockWait: 5 * time.Second, attempts: 2, ipts: map[Family]*iptables.IPTables{}}
+}
 
 func binaries(fam Family) (list, restore string) {
 	if fam == IPv6 {
@@ -51,17 +53,11 @@ func (x *execXT) ipt(fam Family) (*iptables.IPTables, error) {
 	if h := x.ipts[fam]; h != nil {
 		return h, nil
 	}
-	proto := iptables.ProtocolIPv4
-	if fam == IPv6 {
-		proto = iptables.ProtocolIPv6
-	}
+	proto := map[Family]iptables.Protocol{IPv4: iptables.ProtocolIPv4, IPv6: iptables.ProtocolIPv6}[fam]
 	h, err := iptables.New(iptables.IPFamily(proto), iptables.Timeout(int(x.lockWait/time.Second)))
 	if err != nil {
 		list, _ := binaries(fam)
 		return nil, fmt.Errorf("probing %s: %w; install iptables or configure the nftables backend", list, err)
-	}
-	if x.ipts == nil {
-		x.ipts = map[Family]*iptables.IPTables{}
 	}
 	x.ipts[fam] = h
 	return h, nil
@@ -79,35 +75,30 @@ func (x *execXT) retry(what string, op func() error) error {
 	return busy("the xtables lock", fmt.Errorf("%s: %w (held by another program after %d attempts of %s each)", what, err, x.attempts, x.lockWait))
 }
 
-func (x *execXT) List(ctx context.Context, fam Family, table, chain string) ([]string, bool, error) {
+// withIPT runs op on fam's go-iptables handle, retried while the lock is busy.
+func (x *execXT) withIPT(fam Family, what string, op func(h *iptables.IPTables) error) error {
 	h, err := x.ipt(fam)
 	if err != nil {
-		return nil, false, err
-	}
-	var lines []string
-	err = x.retry(fmt.Sprintf("listing %s %s chain %s", fam, table, chain), func() (err error) {
-		lines, err = h.List(table, chain)
 		return err
-	})
+	}
+	return x.retry(what, func() error { return op(h) })
+}
+
+func (x *execXT) List(ctx context.Context, fam Family, table, chain string) (lines []string, exists bool, err error) {
+	what := fmt.Sprintf("listing %s %s chain %s", fam, table, chain)
+	err = x.withIPT(fam, what, func(h *iptables.IPTables) (err error) { lines, err = h.List(table, chain); return err })
 	if isMissingChain(err) {
 		return nil, false, nil
 	}
 	if err != nil {
-		return nil, false, fmt.Errorf("listing %s %s chain %s: %w", fam, table, chain, err)
+		return nil, false, fmt.Errorf("%s: %w", what, err)
 	}
 	return lines, true, nil
 }
 
-func (x *execXT) Has(ctx context.Context, fam Family, table, chain string, rule []string) (bool, error) {
-	h, err := x.ipt(fam)
-	if err != nil {
-		return false, err
-	}
-	var ok bool
-	err = x.retry(fmt.Sprintf("checking %s %s chain %s", fam, table, chain), func() (err error) {
-		ok, err = h.Exists(table, chain, rule...)
-		return err
-	})
+func (x *execXT) Has(ctx context.Context, fam Family, table, chain string, rule []string) (ok bool, err error) {
+	what := fmt.Sprintf("checking %s %s chain %s", fam, table, chain)
+	err = x.withIPT(fam, what, func(h *iptables.IPTables) (err error) { ok, err = h.Exists(table, chain, rule...); return err })
 	if isMissingChain(err) || isMissingTarget(err) {
 		return false, nil // a rule jumping to a chain that does not exist is not there
 	}
