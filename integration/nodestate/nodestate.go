@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"time"
 )
 
 // Snapshot is the node state as sections of normalized text, keyed by section name.
@@ -35,8 +36,17 @@ func Take(nsPath string, dataDirs ...string) (Snapshot, error) {
 		return string(out), nil
 	}
 	var err error
-	if s["links"], err = run("ip", "-d", "-o", "link", "show"); err != nil {
-		return nil, err
+	// A veth whose peer's namespace is being destroyed shows "Peer netns reference is
+	// invalid" until the kernel's asynchronous namespace cleanup deletes the pair (a
+	// pod netns the test has just removed): wait for it to settle.
+	for i := 0; ; i++ {
+		if s["links"], err = run("ip", "-d", "-o", "link", "show"); err != nil {
+			return nil, err
+		}
+		if !strings.Contains(s["links"], "Peer netns reference is invalid") || i == 40 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	s["links"] = normLinks(s["links"])
 	if s["addrs"], err = run("ip", "-o", "addr", "show"); err != nil {
