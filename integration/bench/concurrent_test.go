@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/podwire/podwire/integration/nstest"
 )
 
 // burst is one round of n concurrent pods for one runner: wall times of all ADDs and
@@ -28,7 +31,7 @@ func (e *env) runBurst(r *runner, list *libcni.NetworkConfigList, n, round int) 
 	for i := range pods {
 		pods[i] = r.h.NewPod()
 		rts[i] = &libcni.RuntimeConf{
-			ContainerID:    fmt.Sprintf("conc-%s-%d-%d-%d", r.set.Name, n, round, i),
+			ContainerID:    fmt.Sprintf("conc-%s-%d-%d-%d", strings.ReplaceAll(r.label, " ", "-"), n, round, i),
 			NetNS:          pods[i].Path(),
 			IfName:         "eth0",
 			CapabilityArgs: chainCaps(10_000 + i),
@@ -85,19 +88,35 @@ func (e *env) runBurst(r *runner, list *libcni.NetworkConfigList, n, round int) 
 
 func benchConcurrent(e *env, t *testing.T) {
 	tbl := e.rep.section("4. Concurrent pods",
-		"pods at once", "op", "floor wall s", "reference wall s", "podwire wall s", "reference / podwire",
-		"plugin CPU s: floor / reference / podwire")
+		"pods at once", "op", "floor wall s", "reference wall s", "podwire wall s (default backends)", "podwire nftables wall s", "reference / podwire",
+		"plugin CPU s: floor / reference / podwire / podwire nftables")
 	tbl.intro = "n full-chain ADDs started at once (distinct container IDs and hostPorts, a fresh pod netns each, " +
 		"made before timing), wall time until the last returns; then their n DELs the same way. " +
 		"Seconds, median over the rounds (max in parentheses), and failed calls out of all calls in those rounds. " +
 		"The last column is the user+system time of the plugin processes of one round (median): with more pods than cores, wall time follows it. " +
-		defaultBackends
+		defaultBackends + " The \"podwire nftables\" column sets both of podwire's netfilter users to nftables " +
+		"(bridge `ipMasqBackend`, portmap `backend`), in a host netns of its own."
 	sizes := []struct{ n, rounds int }{{32, 3}, {100, 2}}
 	if e.quick {
 		sizes = []struct{ n, rounds int }{{32, 1}}
 		tbl.note("bench-quick runs 32 pods, one round")
 	}
-	runners := available(tbl, e.baseRunners(), chainTypes...)
+	// Every column renders chainConf with its own backend keys; the base runners get none.
+	var cols []*runner
+	for _, r := range e.baseRunners() {
+		c := *r
+		c.subst = map[string]string{"@MASQ@": "", "@PMB@": ""}
+		cols = append(cols, &c)
+	}
+	h := nstest.New(t)
+	nft := &runner{label: "podwire nftables", set: e.ours, h: h, pod: h.NewPod(),
+		subst: map[string]string{"@MASQ@": `,"ipMasqBackend":"nftables"`, "@PMB@": `,"backend":"nftables"`}}
+	cols = append(cols, nft)
+	floorCol, refCol, oursCol := cols[0], cols[1], cols[2]
+	runners := available(tbl, cols, chainTypes...)
+	if e.ours.Has(chainTypes...) {
+		tbl.note("podwire's default backends here: %s", e.defaultKinds(t))
+	}
 	type agg struct {
 		add, del, addCPU, delCPU []time.Duration
 		addFail, delFail         int
@@ -110,7 +129,7 @@ func benchConcurrent(e *env, t *testing.T) {
 		for round := 0; round < sz.rounds; round++ {
 			for j := range runners {
 				r := runners[(round+j)%len(runners)]
-				list, err := e.conflist(r, "bench", chainConf("", ""))
+				list, err := e.conflist(r, "bench", chainConf("@MASQ@", "@PMB@"))
 				must(t, err, "conflist")
 				b, errs := e.runBurst(r, list, sz.n, round)
 				a := res[r]
@@ -127,54 +146,59 @@ func benchConcurrent(e *env, t *testing.T) {
 			}
 		}
 		for _, op := range []string{"ADD", "DEL"} {
-			cpuOf := func(s *set) string {
-				for r, a := range res {
-					if r.set == s {
-						cpus := a.addCPU
-						if op == "DEL" {
-							cpus = a.delCPU
-						}
-						med, _ := medianMax(cpus)
-						return fmt.Sprintf("%.2f", med.Seconds())
-					}
+			cpuOf := func(r *runner) string {
+				a := res[r]
+				if a == nil {
+					return "n/a"
 				}
-				return "n/a"
-			}
-			cellOf := func(s *set) (string, time.Duration) {
-				for r, a := range res {
-					if r.set != s {
-						continue
-					}
-					walls, fails := a.add, a.addFail
-					if op == "DEL" {
-						walls, fails = a.del, a.delFail
-					}
-					med, max := medianMax(walls)
-					return fmt.Sprintf("%.2f (%.2f), %d/%d failed", med.Seconds(), max.Seconds(),
-						fails, sz.n*sz.rounds), med
+				cpus := a.addCPU
+				if op == "DEL" {
+					cpus = a.delCPU
 				}
-				return "n/a", 0
+				med, _ := medianMax(cpus)
+				return fmt.Sprintf("%.2f", med.Seconds())
 			}
-			f, fm := cellOf(e.floor)
-			rc, rm := cellOf(e.ref)
-			oc, om := cellOf(e.ours)
+			cellOf := func(r *runner) (string, time.Duration) {
+				a := res[r]
+				if a == nil {
+					return "n/a", 0
+				}
+				walls, fails := a.add, a.addFail
+				if op == "DEL" {
+					walls, fails = a.del, a.delFail
+				}
+				med, max := medianMax(walls)
+				return fmt.Sprintf("%.2f (%.2f), %d/%d failed", med.Seconds(), max.Seconds(),
+					fails, sz.n*sz.rounds), med
+			}
+			f, fm := cellOf(floorCol)
+			rc, rm := cellOf(refCol)
+			oc, om := cellOf(oursCol)
+			nc, nm := cellOf(nft)
 			rat := "n/a"
 			if rm > 0 && om > 0 {
 				rat = fmt.Sprintf("%.1f×", rm.Seconds()/om.Seconds())
 			}
-			tbl.row(fmt.Sprintf("%d", sz.n), op, f, rc, oc, rat,
-				cpuOf(e.floor)+" / "+cpuOf(e.ref)+" / "+cpuOf(e.ours))
+			tbl.row(fmt.Sprintf("%d", sz.n), op, f, rc, oc, nc, rat,
+				cpuOf(floorCol)+" / "+cpuOf(refCol)+" / "+cpuOf(oursCol)+" / "+cpuOf(nft))
 			if sz.n == 32 {
-				var ok *bool
-				if om > 0 {
-					ok = boolp(om < 500*time.Millisecond)
+				verdict := func(m time.Duration) *bool {
+					if m <= 0 || fm <= 0 {
+						return nil
+					}
+					return boolp(m.Seconds() <= 1.5*fm.Seconds())
 				}
 				refCell := "n/a"
-				if rm > 0 {
-					refCell = fmt.Sprintf("%.2f s", rm.Seconds())
+				if rm > 0 && fm > 0 {
+					refCell = fmt.Sprintf("%.2f×", rm.Seconds()/fm.Seconds())
 				}
-				e.target(fmt.Sprintf("32 concurrent pods, %s wall (section 4)", op), "< 0.5 s",
-					fmt.Sprintf("%.2f s (floor %.2f s)", om.Seconds(), fm.Seconds()), refCell, ok)
+				id := strings.ToLower(op)
+				ours := timesFloor(om.Seconds(), fm.Seconds())
+				if e.defaults != nil && om > 0 {
+					ours += "; " + e.defaults.String()
+				}
+				e.target("conc-default-"+id, ours, refCell, verdict(om))
+				e.target("conc-nft-"+id, timesFloor(nm.Seconds(), fm.Seconds()), "—", verdict(nm))
 			}
 		}
 	}

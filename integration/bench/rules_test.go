@@ -186,36 +186,62 @@ func benchForeignRules(e *env, t *testing.T) {
 			}
 		}
 	}
-	addOf := func(label string, n int) sample {
-		if p := results["full chain"][n][label]; p != nil {
-			return p.add
+	e.rulesTargets(results["full chain"])
+}
+
+// rulesTargets fills section 3's targets from the full chain's samples, by rule count
+// and column label.
+func (e *env) rulesTargets(full map[int]map[string]*pair) {
+	get := func(label string, n int, op string) sample {
+		p := full[n][label]
+		if p == nil {
+			return nil
 		}
-		return nil
-	}
-	last := counts[len(counts)-1]
-	e.target(fmt.Sprintf("full chain ADD at %d foreign rules, nftables (section 3)", last), "≤ its 0-rule median + 2 ms",
-		withUnit(deltaPM(addOf("podwire nftables", last), addOf("podwire nftables", 0)), " ms"),
-		withUnit(deltaPM(addOf("reference", last), addOf("reference", 0)), " ms (iptables)"),
-		under(addOf("podwire nftables", last), addOf("podwire nftables", 0), 2))
-	var fr []string
-	var ok *bool
-	decided, all := false, true
-	for _, n := range counts {
-		o, r := addOf("podwire iptables", n), addOf("reference", n)
-		fr = append(fr, fraction(o, r))
-		if len(o) > 0 && len(r) > 0 {
-			decided = true
-			all = all && 3*o.median() <= r.median()
+		if op == "DEL" {
+			return p.del
 		}
+		return p.add
 	}
-	if decided {
-		ok = boolp(all)
+	const many = 60_000
+	ipt, nft, ref, floor := "podwire iptables", "podwire nftables", "reference", "floor"
+	for _, c := range []struct {
+		id, op string
+		limit  float64
+	}{{"nft-add", "ADD", 8}, {"nft-del", "DEL", 10}} {
+		o, f := get(nft, 0, c.op), get(floor, 0, c.op)
+		e.target(c.id, withUnit(deltaPM(o, f), " ms"), withUnit(deltaPM(get(ref, 0, c.op), f), " ms (iptables)"), under(o, f, c.limit))
 	}
-	if !decided && e.quick {
-		return // bench-quick runs no iptables column
+	// The iptables targets show podwire's fraction with both medians.
+	frac := func(n int, op string) string {
+		o, r := get(ipt, n, op), get(ref, n, op)
+		if len(o) == 0 || len(r) == 0 {
+			return "n/a"
+		}
+		return fmt.Sprintf("%s (%s / %s ms)", fraction(o, r), ms(o.median()), ms(r.median()))
 	}
-	e.target("full chain ADD on iptables, podwire / reference, at "+intList(counts)+" rules (section 3)", "≤ 0.33 at each",
-		strings.Join(fr, " / "), "1", ok)
+	medOf := func(s sample) string {
+		if len(s) == 0 {
+			return "n/a"
+		}
+		return ms(s.median()) + " ms"
+	}
+	e.target("ipt-add-0", frac(0, "ADD"), medOf(get(ref, 0, "ADD")), fractionAtMost(get(ipt, 0, "ADD"), get(ref, 0, "ADD"), 0.6))
+	e.target("ipt-add-60k", frac(many, "ADD"), medOf(get(ref, many, "ADD")), fractionAtMost(get(ipt, many, "ADD"), get(ref, many, "ADD"), 0.1))
+	at0AndMany := func(a, b string) string {
+		if a == "n/a" && b == "n/a" {
+			return a
+		}
+		return a + "; at 60,000: " + b
+	}
+	e.target("ipt-del", at0AndMany(frac(0, "DEL"), frac(many, "DEL")), at0AndMany(medOf(get(ref, 0, "DEL")), medOf(get(ref, many, "DEL"))),
+		fractionAtMost(get(ipt, 0, "DEL"), get(ref, 0, "DEL"), 0.3))
+	for _, c := range []struct{ id, label, op string }{
+		{"flat-nft-add", nft, "ADD"}, {"flat-nft-del", nft, "DEL"}, {"flat-ipt-add", ipt, "ADD"}, {"flat-ipt-del", ipt, "DEL"},
+	} {
+		e.target(c.id, withUnit(deltaPM(get(c.label, many, c.op), get(c.label, 0, c.op)), " ms"),
+			withUnit(deltaPM(get(ref, many, c.op), get(ref, 0, c.op)), " ms (iptables)"),
+			within(get(c.label, many, c.op), get(c.label, 0, c.op), 2))
+	}
 }
 
 // withUnit appends unit unless v is n/a.
@@ -224,12 +250,4 @@ func withUnit(v, unit string) string {
 		return v
 	}
 	return v + unit
-}
-
-func intList(ns []int) string {
-	var s []string
-	for _, n := range ns {
-		s = append(s, fmt.Sprintf("%d", n))
-	}
-	return strings.Join(s, " / ")
 }

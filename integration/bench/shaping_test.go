@@ -110,8 +110,8 @@ func benchShaping(e *env, t *testing.T) {
 	if qo != nil && qo.runs > 0 {
 		okRate, okRTT = boolp(qo.worstOff <= 0.10), boolp(qo.maxRTT < 30 && qo.lost == 0)
 	}
-	e.target("shaping, every 1-second interval (section 6)", "within ±10% of the rate", qo.offString(), qr.offString(), okRate)
-	e.target("shaping, ping RTT under load (section 6)", "< 30 ms", qo.rttString(), qr.rttString(), okRTT)
+	e.target("shaping-rate", qo.offString(), qr.offString(), okRate)
+	e.target("shaping-rtt", qo.rttString(), qr.rttString(), okRTT)
 	sort.SliceStable(tbl.rows, func(i, j int) bool { return tbl.rows[i][0]+tbl.rows[i][1] < tbl.rows[j][0]+tbl.rows[j][1] })
 }
 
