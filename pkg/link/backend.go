@@ -39,8 +39,9 @@ type Backend interface {
 	// addresses, up, routes, and the wait for DAD.
 	ConfigurePod(ctx context.Context, s PodSpec) error
 	// ConfigureHost puts the gateway addresses on the bridge (or on the VLAN gateway
-	// interface, made if missing) and sets the node's sysctls; a node sysctl that
-	// cannot be set is a warning in the result, not an error.
+	// interface, made if missing when there are gateways) and sets the node's
+	// sysctls; an optional node sysctl that cannot be set is a warning in the result,
+	// not an error.
 	ConfigureHost(ctx context.Context, s HostSpec) (HostResult, error)
 	// Delete deletes the link r names (a veth takes its peer along). A missing link,
 	// a namespace that is gone or a path that is not a network namespace is success:

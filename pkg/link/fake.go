@@ -375,6 +375,9 @@ func (f *Fake) ConfigureHost(_ context.Context, s HostSpec) (HostResult, error) 
 		return res, notFound("bridge %s does not exist", s.Bridge)
 	}
 	v := s.VlanGateway
+	if len(s.Gateways) == 0 {
+		v = nil // as the kernel backend: no gateway, no gateway interface
+	}
 	if v != nil {
 		target = host.links[v.PodName]
 	}
