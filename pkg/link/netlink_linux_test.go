@@ -228,7 +228,9 @@ func TestNetlinkPinBridgeMAC(t *testing.T) {
 		if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: prefixNet(netip.MustParsePrefix("10.99.0.1/24"))}); err != nil {
 			return err
 		}
-		neigh := &netlink.Neigh{LinkIndex: l.Attrs().Index, IP: net.ParseIP("10.99.0.5"), HardwareAddr: mac(0x55), State: netlink.NUD_REACHABLE}
+		// Permanent, so the bridge's carrier changing meanwhile does not flush it; a
+		// MAC set does.
+		neigh := &netlink.Neigh{LinkIndex: l.Attrs().Index, IP: net.ParseIP("10.99.0.5"), HardwareAddr: mac(0x55), State: netlink.NUD_PERMANENT}
 		if err := netlink.NeighAdd(neigh); err != nil {
 			return err
 		}
