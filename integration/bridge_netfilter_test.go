@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -167,29 +168,58 @@ func TestNetfilterBackends(t *testing.T) {
 	}
 }
 
+// nftDebugHandleRe matches a rule's header in `nft --debug=netlink` output, which ends
+// in the rule's handle (and the handle it was added after).
+var nftDebugHandleRe = regexp.MustCompile(`(?m)^(bridge nat \S+)( \d+)+$`)
+
+// TestNetfilterMacSpoof: the macspoofchk backend writes, byte for byte, what nft makes
+// of the reference's rules (so `nft list` shows the same and the reference's teardown
+// finds them), checks them, and removes them with the table. Rules podwire kept in its
+// former table (bridge podwire_macspoof) go with the same Remove.
 func TestNetfilterMacSpoof(t *testing.T) {
+	o := cniplumb.Owner{Network: "nfnet", ContainerID: "spoof", IfName: "eth0"}
+	p := netfilter.MacSpoofPlan{Owner: o, HostIf: "vethspoof", MAC: net.HardwareAddr{0x02, 0x42, 0, 0, 0, 7}}
+	list := func(n ns.NetNS) string {
+		out, err := exec.Command("nsenter", "--net="+n.Path(), "nft", "--debug=netlink", "list", "table", "bridge", "nat").CombinedOutput()
+		if err != nil {
+			t.Fatalf("nft list: %v\n%s", err, out)
+		}
+		return nftDebugHandleRe.ReplaceAllString(nftHandleRe.ReplaceAllString(string(out), ""), "$1")
+	}
+	ref := freshNS(t)
+	script := `add table bridge nat
+add chain bridge nat PREROUTING { type filter hook prerouting priority -300; policy accept; }
+add chain bridge nat cni-br-iface-spoof-eth0
+add chain bridge nat cni-br-iface-spoof-eth0-mac
+add rule bridge nat PREROUTING iifname "vethspoof" jump cni-br-iface-spoof-eth0 comment "macspoofchk-spoof-eth0"
+add rule bridge nat cni-br-iface-spoof-eth0 jump cni-br-iface-spoof-eth0-mac comment "macspoofchk-spoof-eth0"
+add rule bridge nat cni-br-iface-spoof-eth0-mac ether saddr 02:42:00:00:00:07 return comment "macspoofchk-spoof-eth0"
+add rule bridge nat cni-br-iface-spoof-eth0-mac drop comment "macspoofchk-spoof-eth0"
+`
+	cmd := exec.Command("nsenter", "--net="+ref.Path(), "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(script)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("nft -f: %v\n%s", err, out)
+	}
 	n := freshNS(t)
 	before, err := nodestate.Take(n.Path())
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	b := netfilter.NewNFTables()
-	o := cniplumb.Owner{Network: "nfnet", ContainerID: "spoof", IfName: "eth0"}
-	p := netfilter.PlanMacSpoof(o, "vethspoof", net.HardwareAddr{0x02, 0x42, 0, 0, 0, 7})
+	b := netfilter.NewMacSpoof()
 	inNS(t, n, func() error {
 		if err := b.Apply(ctx, p); err != nil {
 			return err
 		}
 		return b.Check(ctx, p)
 	})
-	out, _ := exec.Command("nsenter", "--net="+n.Path(), "nft", "list", "table", "bridge", "podwire_macspoof").CombinedOutput()
-	for _, want := range []string{`iifname "vethspoof"`, "ether saddr != 02:42:00:00:00:07", "drop", "nfnet/spoof/eth0"} {
-		if !strings.Contains(string(out), want) {
-			t.Errorf("%q missing from:\n%s", want, out)
-		}
+	if got, want := list(n), list(ref); got != want {
+		t.Errorf("podwire's macspoofchk bytecode differs from nft's for the reference's rules:\nnft:\n%s\npodwire:\n%s", want, got)
 	}
-	inNS(t, n, func() error { return b.Remove(ctx, netfilter.MacSpoofFeature, o) })
+	old := netfilter.NewNFTables()
+	inNS(t, n, func() error { return old.Apply(ctx, netfilter.PlanMacSpoof(o, "vethspoof", p.MAC)) })
+	inNS(t, n, func() error { return b.Remove(ctx, o) })
 	after, err := nodestate.Take(n.Path())
 	if err != nil {
 		t.Fatal(err)

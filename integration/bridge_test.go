@@ -369,7 +369,7 @@ func TestBridgeAddFailsAfterIPAM(t *testing.T) {
 	settleBridge(t, h, h.Name("br"))
 	h.RequireUnchanged(before)
 
-	// The pod already has the interface name: veth creation fails after IPAM.
+	// The pod already has the interface name: veth creation fails (before IPAM runs).
 	p2 := h.NewPod()
 	h.Run(p2, "ip", "link", "add", "eth0", "type", "veth", "peer", "name", "other0")
 	if _, err := h.Add(list, h.RT(p2, "eth0")); err == nil || !strings.Contains(err.Error(), "already exists") {

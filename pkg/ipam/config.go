@@ -46,6 +46,9 @@ type Request struct {
 type StoreConf struct {
 	Network string
 	DataDir string
+	// Relative is the dataDir as configured when it was a relative path, which ADD
+	// refuses; DataDir is then resolved against the working directory.
+	Relative string
 }
 
 type rawRange struct {
@@ -89,13 +92,21 @@ func decode(stdin []byte) (*rawNet, error) {
 	return &n, nil
 }
 
-// ParseStoreConf parses only the network name and ipam.dataDir.
-func ParseStoreConf(stdin []byte) (*StoreConf, error) {
+// ParseStoreConf parses only the network name and ipam.dataDir. A relative dataDir,
+// which ADD refuses, is resolved against wd (the plugin's working directory, which
+// the runtime chose), where the reference host-local would have kept its leases:
+// DEL and GC of a pod made with such a conflist must still find them. An empty wd
+// refuses it as ADD does.
+func ParseStoreConf(stdin []byte, wd string) (*StoreConf, error) {
 	n, err := decode(stdin)
 	if err != nil {
 		return nil, err
 	}
-	dir, err := parseDataDir(n.IPAM.DataDir)
+	d := n.IPAM.DataDir
+	if d != "" && !filepath.IsAbs(d) && wd != "" && filepath.IsAbs(wd) && !strings.ContainsRune(d, 0) {
+		return &StoreConf{Network: n.Name, DataDir: filepath.Join(wd, d), Relative: d}, nil
+	}
+	dir, err := parseDataDir(d)
 	if err != nil {
 		return nil, err
 	}

@@ -171,14 +171,20 @@ func TestParseConfErrors(t *testing.T) {
 
 func TestParseStoreConf(t *testing.T) {
 	// DEL and GC work with ranges that no longer parse.
-	sc, err := ParseStoreConf(conf(`{"dataDir":"/tmp/x","ranges":[[{"subnet":"broken"}]]}`))
+	sc, err := ParseStoreConf(conf(`{"dataDir":"/tmp/x","ranges":[[{"subnet":"broken"}]]}`), "/wd")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if sc.Network != "net1" || sc.DataDir != "/tmp/x" {
 		t.Errorf("got %+v", sc)
 	}
-	if _, err := ParseStoreConf(conf(`{"dataDir":"rel"}`)); cniplumb.Code(err) != types.ErrInvalidNetworkConfig {
-		t.Errorf("relative dataDir: %v", err)
+	// A relative dataDir (which ADD refuses) is where the reference kept its leases:
+	// under the working directory.
+	sc, err = ParseStoreConf(conf(`{"dataDir":"rel/leases"}`), "/run/containerd")
+	if err != nil || sc.DataDir != "/run/containerd/rel/leases" || sc.Relative != "rel/leases" {
+		t.Errorf("relative dataDir: %+v, %v", sc, err)
+	}
+	if _, err := ParseStoreConf(conf(`{"dataDir":"rel"}`), ""); cniplumb.Code(err) != types.ErrInvalidNetworkConfig {
+		t.Errorf("relative dataDir without a working directory: %v", err)
 	}
 }

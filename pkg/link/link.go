@@ -1,10 +1,9 @@
-// Package link creates and inspects the links podwire plugins own: the node bridge,
-// veth pairs between the node and a pod, and the sysctls that go with them. It talks to
-// the kernel through vishvananda/netlink only (no `ip` exec), does single-object
-// requests instead of dumps wherever the kernel allows, and treats "already exists"
-// races between concurrent plugins as the normal case. DeleteOffExit deletes a link
-// through a re-executed copy of the calling binary, so that the caller does not wait
-// for the kernel to free the link.
+// Package link is the link work of podwire's bridge plugin behind a small Backend
+// interface (backend.go): the node bridge, one veth pair per pod, the pod interface's
+// addresses, routes and sysctls, the gateway addresses and node sysctls. Netlink
+// (netlink_linux.go) talks to the kernel through vishvananda/netlink only (no `ip`
+// exec), with single-object requests wherever the kernel allows; Fake (fake.go) models
+// the kernel for unit tests that need no root.
 package link
 
 import (
@@ -15,13 +14,12 @@ import (
 	"os"
 	"strings"
 
-	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
-// IsNotFound reports whether err says a link does not exist.
-func IsNotFound(err error) bool {
+// isKernelNotFound reports the kernel's and netlink's answers for a missing link.
+func isKernelNotFound(err error) bool {
 	var nf netlink.LinkNotFoundError
 	return errors.As(err, &nf) || errors.Is(err, unix.ENODEV)
 }
@@ -37,91 +35,14 @@ func RandomMAC() (net.HardwareAddr, error) {
 	return m, nil
 }
 
-// BridgeSpec is the node bridge as the configuration wants it.
-type BridgeSpec struct {
-	Name          string
-	MTU           int // 0: kernel default
-	Promisc       bool
-	VlanFiltering bool
-}
-
-// EnsureBridge returns the bridge named s.Name, creating it if missing. Many ADDs may
-// race to create it: the loser's EEXIST is success once the existing device is
-// verified to be a bridge. A bridge we create gets a fixed random MAC (so it does not
-// change as ports come and go), accept_ra off (we own its routes) and is brought up; an
-// existing one is brought up and put in promiscuous mode if the configuration asks.
-//
-// The bridge usually exists (every pod after the node's first), so it is looked up
-// first: one request instead of a refused create plus the lookup.
-func EnsureBridge(s BridgeSpec) (*netlink.Bridge, error) {
-	created := false
-	l, err := netlinksafe.LinkByName(s.Name)
-	if IsNotFound(err) {
-		if created, err = createBridge(s); err != nil {
-			return nil, err
-		}
-		l, err = netlinksafe.LinkByName(s.Name)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("looking up bridge %q: %w", s.Name, err)
-	}
-	got, ok := l.(*netlink.Bridge)
-	if !ok {
-		return nil, fmt.Errorf("device %q exists but is a %s, not a bridge: pick another \"bridge\" name in the conflist or remove the device", s.Name, l.Type())
-	}
-	if created {
-		// Routes on the bridge are ours; a router advertisement must not add others.
-		_ = WriteSysctl("net/ipv6/conf/"+s.Name+"/accept_ra", "0")
-	}
-	if s.Promisc && got.Promisc == 0 {
-		if err := netlink.SetPromiscOn(got); err != nil {
-			return nil, fmt.Errorf("setting bridge %q promiscuous: %w", s.Name, err)
-		}
-	}
-	if got.Flags&net.FlagUp == 0 {
-		if err := netlink.LinkSetUp(got); err != nil {
-			return nil, fmt.Errorf("bringing bridge %q up: %w", s.Name, err)
-		}
-	}
-	return got, nil
-}
-
-// createBridge creates the bridge of s; it reports false when another process created
-// a device of that name first (EEXIST), which the caller then verifies.
-func createBridge(s BridgeSpec) (bool, error) {
-	mac, err := RandomMAC()
-	if err != nil {
-		return false, err
-	}
-	attrs := netlink.NewLinkAttrs()
-	attrs.Name = s.Name
-	attrs.MTU = s.MTU
-	attrs.HardwareAddr = mac
-	br := &netlink.Bridge{LinkAttrs: attrs}
-	if s.VlanFiltering {
-		on := true
-		br.VlanFiltering = &on
-	}
-	if err := netlink.LinkAdd(br); err != nil {
-		if errors.Is(err, unix.EOPNOTSUPP) && s.VlanFiltering {
-			return false, fmt.Errorf("creating bridge %q with VLAN filtering: %w; the kernel lacks CONFIG_BRIDGE_VLAN_FILTERING, so drop \"vlan\"/\"vlanTrunk\" or use a kernel with it", s.Name, err)
-		}
-		if !errors.Is(err, unix.EEXIST) {
-			return false, fmt.Errorf("creating bridge %q: %w", s.Name, err)
-		}
-		return false, nil
-	}
-	return true, nil
-}
-
 // sysctlPath turns "net/ipv4/ip_forward" into its /proc/sys path. Keys use slashes
 // only: interface names may contain dots.
 func sysctlPath(key string) string {
 	return "/proc/sys/" + strings.TrimPrefix(key, "/")
 }
 
-// ReadSysctl reads a sysctl of the calling thread's network namespace.
-func ReadSysctl(key string) (string, error) {
+// readSysctl reads a sysctl of the calling thread's network namespace.
+func readSysctl(key string) (string, error) {
 	b, err := os.ReadFile(sysctlPath(key))
 	if err != nil {
 		return "", err
@@ -129,18 +50,13 @@ func ReadSysctl(key string) (string, error) {
 	return strings.TrimSpace(string(b)), nil
 }
 
-// WriteSysctl writes a sysctl of the calling thread's network namespace.
-func WriteSysctl(key, value string) error {
-	return os.WriteFile(sysctlPath(key), []byte(value), 0o644)
-}
-
-// EnsureSysctl sets key to value unless it already has it (a read is cheaper than a
-// write, which may trigger kernel work).
-func EnsureSysctl(key, value string) error {
-	if v, err := ReadSysctl(key); err == nil && v == value {
+// ensureSysctl sets key to value unless it already has it (a read is cheaper than a
+// write, which may trigger kernel work), in the calling thread's namespace.
+func ensureSysctl(key, value string) error {
+	if v, err := readSysctl(key); err == nil && v == value {
 		return nil
 	}
-	if err := WriteSysctl(key, value); err != nil {
+	if err := os.WriteFile(sysctlPath(key), []byte(value), 0o644); err != nil {
 		return fmt.Errorf("setting %s=%s: %w", key, value, err)
 	}
 	return nil

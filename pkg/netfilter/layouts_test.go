@@ -315,7 +315,7 @@ func TestMasqLayouts(t *testing.T) {
 	}
 }
 
-func TestMacSpoofLayout(t *testing.T) {
+func TestMacSpoofLegacyLayout(t *testing.T) {
 	k := fake.New()
 	b := netfilter.NewNFTablesOn(k)
 	plans := []netfilter.Plan{

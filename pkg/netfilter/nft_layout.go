@@ -3,6 +3,7 @@ package netfilter
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 
@@ -27,6 +28,7 @@ type NFTConn interface {
 	AddTable(t *nftables.Table) *nftables.Table
 	AddChain(c *nftables.Chain) *nftables.Chain
 	FlushChain(c *nftables.Chain)
+	DelChain(c *nftables.Chain)
 	AddRule(r *nftables.Rule) *nftables.Rule
 	DelRule(r *nftables.Rule) error
 	DelTable(t *nftables.Table)
@@ -107,6 +109,11 @@ type nftLayout struct {
 	key     func(o Owner) string
 	netKey  func(network string) string
 	ruleKey func(r *nftables.Rule) (key, net string, ok bool)
+	// ownerChains, when set, are the regular chains an attachment has to itself (the
+	// reference's macspoofchk), named from its key and listed in jump order: a chain
+	// jumps only to later ones. apply creates or flushes them; remove deletes them,
+	// after the shared rules that jump to them.
+	ownerChains func(key string) []*nftables.Chain
 }
 
 // nftState is a dump of a layout's chains.
@@ -120,10 +127,14 @@ func (l *nftLayout) what() string {
 }
 
 // read dumps l's chains; a missing table or chain reads as empty and absent.
-func (l *nftLayout) read(c NFTConn) (nftState, error) {
+func (l *nftLayout) read(c NFTConn) (nftState, error) { return l.readChains(c, l.chains) }
+
+// readChains dumps chains; a missing table or chain reads as empty and absent.
+func (l *nftLayout) readChains(c NFTConn, chains []*nftables.Chain) (nftState, error) {
 	st := nftState{exists: map[string]bool{}}
-	for _, ch := range l.chains {
-		// Only an empty dump needs the (cheap) question whether the chain exists.
+	for _, ch := range chains {
+		// A dump of a missing table or chain is empty, not an error; only an empty
+		// dump needs the (cheap) question whether the chain exists.
 		rules, err := c.GetRules(l.table, ch)
 		if err != nil && !isNoEnt(err) {
 			return st, fmt.Errorf("listing chain %s of %s: %w", ch.Name, l.what(), err)
@@ -141,6 +152,20 @@ func (l *nftLayout) read(c NFTConn) (nftState, error) {
 	return st, nil
 }
 
+// readOwners dumps the own chains of the attachments keys name.
+func (l *nftLayout) readOwners(c NFTConn, keys []string) (nftState, []*nftables.Chain, error) {
+	if l.ownerChains == nil {
+		return nftState{exists: map[string]bool{}}, nil, nil
+	}
+	var chains []*nftables.Chain
+	for _, k := range keys {
+		chains = append(chains, l.ownerChains(k)...)
+	}
+	st, err := l.readChains(c, chains)
+	return st, chains, err
+}
+
+// owned returns the rules of st that pick selects by their owner key.
 func (l *nftLayout) owned(st nftState, pick func(key, net string) bool) []*nftables.Rule {
 	var out []*nftables.Rule
 	for _, r := range st.rules {
@@ -183,19 +208,26 @@ func (l *nftLayout) fixedMissing(st nftState, chain string) bool {
 	return false
 }
 
-// apply replaces o's rules with add, creating what is missing of the layout. Existing
-// base chains are left alone: adding one again is an update that makes the kernel
-// wait for an RCU grace period, more than the rest of the batch costs.
+// apply replaces o's rules with add, creating what is missing of the layout (and o's
+// own chains). Existing base chains are left alone: adding one again is an update
+// that makes the kernel wait for an RCU grace period, more than the rest of the batch
+// costs.
 func (l *nftLayout) apply(s *nftSocket, o Owner, add []*nftables.Rule) error {
 	return s.locked(l, func(c NFTConn) error {
 		st, err := l.read(c)
 		if err != nil {
 			return err
 		}
+		own, ownChains, err := l.readOwners(c, []string{l.key(o)})
+		if err != nil {
+			return err
+		}
+		tableAdded := false
 		for _, ch := range l.chains {
 			if !st.exists[ch.Name] {
 				c.AddTable(l.table)
 				c.AddChain(ch)
+				tableAdded = true
 			}
 			if len(l.fixed[ch.Name]) > 0 && (!st.exists[ch.Name] || l.fixedMissing(st, ch.Name)) {
 				c.FlushChain(ch)
@@ -203,6 +235,18 @@ func (l *nftLayout) apply(s *nftSocket, o Owner, add []*nftables.Rule) error {
 					c.AddRule(r)
 				}
 			}
+		}
+		// o's own chains exist before any rule jumps to them.
+		for _, ch := range ownChains {
+			if own.exists[ch.Name] {
+				c.FlushChain(ch)
+				continue
+			}
+			if !tableAdded {
+				c.AddTable(l.table)
+				tableAdded = true
+			}
+			c.AddChain(ch)
 		}
 		old := l.owned(st, l.ownerPick(o))
 		for _, r := range old {
@@ -223,19 +267,32 @@ func (l *nftLayout) apply(s *nftSocket, o Owner, add []*nftables.Rule) error {
 	})
 }
 
-// remove deletes the rules pick selects, in one batch, and the table with them when
-// nothing else is left in it (onlyThese), so a node without pods carries nothing.
-func (l *nftLayout) remove(s *nftSocket, pick func(key, net string) bool) error {
+// remove deletes the rules pick selects in one batch, with the own chains of their
+// attachments and of the attachments also names (whose chains may remain without any
+// rule in the shared chains: an interrupted teardown). When no attachment's rule is
+// left and the table holds nothing but the layout's chains and fixed rules, the
+// table goes with them, so a node without pods carries nothing.
+func (l *nftLayout) remove(s *nftSocket, pick func(key, net string) bool, also ...string) error {
 	return s.locked(l, func(c NFTConn) error {
 		st, err := l.read(c)
 		if err != nil {
 			return err
 		}
 		gone := l.owned(st, pick)
-		if len(gone) == 0 {
+		keys := slices.Clone(also)
+		for _, r := range gone {
+			if k, _, _ := l.ruleKey(r); !slices.Contains(keys, k) {
+				keys = append(keys, k)
+			}
+		}
+		own, ownChains, err := l.readOwners(c, keys)
+		if err != nil {
+			return err
+		}
+		if len(gone) == 0 && len(own.exists) == 0 {
 			return nil
 		}
-		if l.onlyThese(c, st, len(gone)) {
+		if l.onlyThese(c, st, len(gone), len(own.exists)) {
 			// Under the lock no podwire process adds to the table meanwhile. Another
 			// program could (the reference plugin takes no lock of ours): its rule would
 			// go with the table if it landed between the dump and this batch.
@@ -244,6 +301,13 @@ func (l *nftLayout) remove(s *nftSocket, pick func(key, net string) bool) error 
 			for _, r := range gone {
 				if err := c.DelRule(r); err != nil {
 					return err
+				}
+			}
+			// In jump order: deleting a chain deletes its rules, and with them the
+			// references to the chains after it.
+			for _, ch := range ownChains {
+				if own.exists[ch.Name] {
+					c.DelChain(ch)
 				}
 			}
 		}
@@ -255,9 +319,10 @@ func (l *nftLayout) remove(s *nftSocket, pick func(key, net string) bool) error 
 	})
 }
 
-// onlyThese reports whether the table holds nothing but the gone rules, the fixed
-// ones and the layout's chains.
-func (l *nftLayout) onlyThese(c NFTConn, st nftState, gone int) bool {
+// onlyThese reports whether the table would hold nothing of anyone's once the gone
+// rules are deleted: no other attachment's rule, no rule but the fixed ones, no
+// chain but the layout's and the ownChains of the attachments going.
+func (l *nftLayout) onlyThese(c NFTConn, st nftState, gone, ownChains int) bool {
 	owned, fixed := 0, 0
 	for _, r := range st.rules {
 		if _, _, ok := l.ruleKey(r); ok {
@@ -276,7 +341,7 @@ func (l *nftLayout) onlyThese(c NFTConn, st nftState, gone int) bool {
 	}
 	// google/nftables v0.3.0 decodes NFTA_TABLE_USE in host byte order instead of
 	// network order; either reading is accepted, so a fixed library keeps working.
-	n := uint32(len(l.chains))
+	n := uint32(len(l.chains) + ownChains)
 	return t.Use == n || binaryutil.BigEndian.Uint32(binaryutil.NativeEndian.PutUint32(t.Use)) == n
 }
 
@@ -293,6 +358,13 @@ func (l *nftLayout) check(s *nftSocket, o Owner, want []*nftables.Rule) error {
 	if err != nil {
 		return err
 	}
+	own, _, err := l.readOwners(c, []string{l.key(o)})
+	if err != nil {
+		return err
+	}
+	st.rules = append(st.rules, own.rules...)
+	// Rules are compared by chain and what they do (prerouting and output hold the
+	// same rules for different traffic).
 	text := func(r *nftables.Rule) string { return r.Chain.Name + ": " + describeExprs(r.Exprs) }
 	have := map[string]int{}
 	mine := l.owned(st, l.ownerPick(o))

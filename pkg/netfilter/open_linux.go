@@ -254,3 +254,6 @@ func nftUsable(b *NFTables) bool {
 	_, err = c.ListTableOfFamily("filter", nftables.TableFamilyINet)
 	return err == nil || isNoEnt(err)
 }
+
+// NewMacSpoof returns macspoofchk's backend on the kernel (the reference's layout).
+func NewMacSpoof() *MacSpoof { return &MacSpoof{s: hostNFTSocket()} }

@@ -10,6 +10,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/podwire/podwire/pkg/cleanup"
 )
 
 // Netlink is the kernel Backend. It works in the network namespace of the handle it was
@@ -62,14 +64,8 @@ const ingressHook = 0xffff0000
 
 // Apply implements Backend.
 func (n *Netlink) Apply(_ context.Context, p Plan) (err error) {
-	var undo undoStack
-	defer func() {
-		if err != nil {
-			if uerr := undo.run(); uerr != nil {
-				err = fmt.Errorf("%w (undoing the partial change also failed: %v)", err, uerr)
-			}
-		}
-	}()
+	var undo cleanup.Stack
+	defer undo.RunIfFailed(&err)
 	dev, err := n.h.LinkByName(p.Dev)
 	if err != nil {
 		return fmt.Errorf("host veth %s: %w", p.Dev, err)
@@ -97,7 +93,7 @@ func (n *Netlink) Apply(_ context.Context, p Plan) (err error) {
 	return err
 }
 
-func (n *Netlink) ensureIFB(p Plan, undo *undoStack) (netlink.Link, error) {
+func (n *Netlink) ensureIFB(p Plan, undo *cleanup.Stack) (netlink.Link, error) {
 	l, err := n.h.LinkByName(p.IFB)
 	switch {
 	case isNotFound(err):
@@ -110,7 +106,7 @@ func (n *Netlink) ensureIFB(p Plan, undo *undoStack) (netlink.Link, error) {
 			return nil, fmt.Errorf("reading back IFB %s: %w", p.IFB, err)
 		}
 		created := l
-		undo.push(func() error { return n.h.LinkDel(created) })
+		undo.Push("delete IFB "+p.IFB, func() error { return ignoreGone(n.h.LinkDel(created)) })
 	case err != nil:
 		return nil, fmt.Errorf("looking up IFB %s: %w", p.IFB, err)
 	case l.Type() != "ifb":
@@ -148,7 +144,7 @@ func tbfQdisc(index int, t TBF) *netlink.Tbf {
 
 // ensureRoot puts want at dev's root (or removes podwire's TBF when want is nil). A
 // root qdisc that is not podwire's is left alone and reported.
-func (n *Netlink) ensureRoot(dev netlink.Link, want *TBF, undo *undoStack) error {
+func (n *Netlink) ensureRoot(dev netlink.Link, want *TBF, undo *cleanup.Stack) error {
 	name := dev.Attrs().Name
 	qs, err := listQdiscs(n.h, dev)
 	if err != nil {
@@ -173,7 +169,7 @@ func (n *Netlink) ensureRoot(dev netlink.Link, want *TBF, undo *undoStack) error
 		return fmt.Errorf("setting %s at the root of %s: %w", want, name, err)
 	}
 	if ours == nil {
-		undo.push(func() error { return n.h.QdiscDel(q) })
+		undo.Push("delete the root qdisc of "+dev.Attrs().Name, func() error { return ignoreGone(n.h.QdiscDel(q)) })
 	}
 	return nil
 }
@@ -205,7 +201,7 @@ func hookOf(qs []netlink.Qdisc) netlink.Qdisc {
 
 // ensureRedirect makes exactly one podwire filter on dev's ingress hook redirect to
 // ifb, next to whatever filters other tc users have there.
-func (n *Netlink) ensureRedirect(dev, ifb netlink.Link, undo *undoStack) error {
+func (n *Netlink) ensureRedirect(dev, ifb netlink.Link, undo *cleanup.Stack) error {
 	name := dev.Attrs().Name
 	qs, err := listQdiscs(n.h, dev)
 	if err != nil {
@@ -216,7 +212,7 @@ func (n *Netlink) ensureRedirect(dev, ifb netlink.Link, undo *undoStack) error {
 		if err := n.h.QdiscAdd(hook); err != nil {
 			return fmt.Errorf("adding a clsact qdisc to %s: %w", name, err)
 		}
-		undo.push(func() error { return n.h.QdiscDel(hook) })
+		undo.Push("delete the ingress hook of "+dev.Attrs().Name, func() error { return ignoreGone(n.h.QdiscDel(hook)) })
 	}
 	fs, err := listFilters(n.h, dev, netlink.HANDLE_MIN_INGRESS)
 	if err != nil {
@@ -236,7 +232,7 @@ func (n *Netlink) ensureRedirect(dev, ifb netlink.Link, undo *undoStack) error {
 	if err := n.h.FilterAdd(f); err != nil {
 		return fmt.Errorf("adding the redirect from %s to IFB %s (pref %d): %w", name, ifb.Attrs().Name, FilterPrio, err)
 	}
-	undo.push(func() error { return n.h.FilterDel(redirectFilter(dev.Attrs().Index, 0)) })
+	undo.Push("delete the redirect filter of "+dev.Attrs().Name, func() error { return ignoreGone(n.h.FilterDel(redirectFilter(dev.Attrs().Index, 0))) })
 	return nil
 }
 
@@ -304,7 +300,7 @@ func (n *Netlink) Remove(_ context.Context, r Removal) error {
 	found, err := n.removeEgress(dev, r.IFBs, !r.OnlyIfRedirected)
 	errs := []error{err}
 	if dev != nil && (found || !r.OnlyIfRedirected) {
-		errs = append(errs, n.ensureRoot(dev, nil, &undoStack{}))
+		errs = append(errs, n.ensureRoot(dev, nil, &cleanup.Stack{}))
 	}
 	return errors.Join(errs...)
 }
@@ -566,18 +562,10 @@ func isGone(err error) bool {
 	return errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENODEV)
 }
 
-// undoStack holds the inverses of what Apply created, run backwards on failure.
-type undoStack []func() error
-
-func (u *undoStack) push(f func() error) { *u = append(*u, f) }
-
-func (u *undoStack) run() error {
-	var errs []error
-	for i := len(*u) - 1; i >= 0; i-- {
-		if err := (*u)[i](); err != nil && !isGone(err) {
-			errs = append(errs, err)
-		}
+// ignoreGone makes deleting something already absent a success, for undo steps.
+func ignoreGone(err error) error {
+	if isGone(err) {
+		return nil
 	}
-	*u = nil
-	return errors.Join(errs...)
+	return err
 }

@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -66,11 +67,17 @@ func del(ctx context.Context, in *cniplumb.Input) error {
 
 // existingStore opens the lease store DEL and GC work on, which needs only the data dir
 // (so it works even when the ranges were changed or broken after ADD); nil when the
-// network never had a lease, which is nothing to do.
+// network never had a lease, which is nothing to do. A relative dataDir, which ADD
+// refuses, is taken relative to the working directory as the reference takes it, with
+// a warning on stderr.
 func existingStore(in *cniplumb.Input) (*ipam.StoreConf, *disk.Store, error) {
-	sc, err := ipam.ParseStoreConf(in.Stdin)
+	wd, _ := os.Getwd()
+	sc, err := ipam.ParseStoreConf(in.Stdin, wd)
 	if err != nil {
 		return nil, nil, err
+	}
+	if sc.Relative != "" {
+		fmt.Fprintf(os.Stderr, "host-local: warning: ipam.dataDir %q is not an absolute path; %s uses %s, where the reference host-local keeps leases for it, but ADD refuses it: make it absolute\n", sc.Relative, in.Command, sc.DataDir)
 	}
 	st, err := disk.Open(sc.DataDir, sc.Network, disk.Options{})
 	if err != nil || !st.Exists() {

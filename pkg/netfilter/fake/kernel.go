@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
 	"github.com/podwire/podwire/pkg/netfilter"
@@ -301,13 +302,54 @@ func (f *Kernel) FlushChain(c *nftables.Chain) {
 	f.chainOp(c, func(fc *nftChain) error { fc.rules = nil; return nil })
 }
 
-// AddRule implements netfilter.NFTConn.
+// DelChain implements netfilter.NFTConn: as the kernel, it deletes the chain with its
+// rules, and fails when the chain is missing or a rule elsewhere jumps to it.
+func (f *Kernel) DelChain(c *nftables.Chain) {
+	f.queue(func(st map[tableKey]*nftTable) error {
+		t := st[tableKey{c.Table.Family, c.Table.Name}]
+		if t == nil || t.chains[c.Name] == nil {
+			return nftNotFound("chain " + c.Name)
+		}
+		for name, o := range t.chains {
+			if name == c.Name {
+				continue
+			}
+			for _, r := range o.rules {
+				if jumpTarget(r) == c.Name {
+					return fmt.Errorf("chain %s is still jumped to from chain %s: %w", c.Name, name, unix.EBUSY)
+				}
+			}
+		}
+		delete(t.chains, c.Name)
+		return nil
+	})
+}
+
+// jumpTarget is the chain a rule jumps or goes to, "" for none.
+func jumpTarget(r *nftables.Rule) string {
+	for _, e := range r.Exprs {
+		if v, ok := e.(*expr.Verdict); ok && (v.Kind == expr.VerdictJump || v.Kind == expr.VerdictGoto) {
+			return v.Chain
+		}
+	}
+	return ""
+}
+
+// AddRule implements netfilter.NFTConn. As the kernel, it refuses a jump to a chain
+// missing from the table.
 func (f *Kernel) AddRule(r *nftables.Rule) *nftables.Rule {
-	f.chainOp(r.Chain, func(fc *nftChain) error {
+	f.queue(func(st map[tableKey]*nftTable) error {
+		t := st[tableKey{r.Table.Family, r.Table.Name}]
+		if t == nil || t.chains[r.Chain.Name] == nil {
+			return nftNotFound("chain " + r.Chain.Name)
+		}
+		if to := jumpTarget(r); to != "" && t.chains[to] == nil {
+			return nftNotFound("jump target chain " + to)
+		}
 		f.nextHandle++
 		cp := *r
 		cp.Handle = f.nextHandle
-		fc.rules = append(fc.rules, &cp)
+		t.chains[r.Chain.Name].rules = append(t.chains[r.Chain.Name].rules, &cp)
 		return nil
 	})
 	return r

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"sort"
@@ -66,9 +67,8 @@ type conf struct {
 // args is CNI_ARGS. Every problem is a code-7 error naming the key.
 func parseConf(stdin []byte, args string) (*conf, error) { return parse(stdin, args, true) }
 
-// parseTeardownConf is parseConf for DEL and GC, which never use the MAC: a bad MAC
-// must not keep a pod's rules and lease from being released.
-func parseTeardownConf(stdin []byte, args string) (*conf, error) { return parse(stdin, args, false) }
+// parseStatusConf is parseConf for STATUS, which never uses the MAC.
+func parseStatusConf(stdin []byte) (*conf, error) { return parse(stdin, "", false) }
 
 func parse(stdin []byte, args string, wantMAC bool) (*conf, error) {
 	n := &netConf{Bridge: defaultBridge}
@@ -117,6 +117,63 @@ func parse(stdin []byte, args string, wantMAC bool) (*conf, error) {
 		}
 	}
 	return c, nil
+}
+
+// teardownConf is what DEL and GC need of the configuration: which plugin holds the
+// lease, which rules ADD may have made, and the bridge (for GC's question whether a
+// host veth is this network's).
+type teardownConf struct {
+	IPAMType    string // "": no IPAM (layer 2)
+	IPMasq      bool
+	MacSpoofChk bool
+	Bridge      string
+}
+
+// parseTeardown reads the keys teardown needs one by one, so a conflist edited since
+// ADD (a backend typo, an MTU out of range, a bridge name too long, hairpinMode with
+// promiscMode...) cannot keep DEL from removing the pod's veth, rules and lease, as
+// it does not keep the reference's DEL either. What parseConf would reject is
+// returned as warnings for stderr. A key teardown needs that cannot be read is an
+// error, after the other steps ran: ipMasq and macspoofchk are then taken as set
+// (removing rules that are not there costs a lookup), an unreadable ipam leaves the
+// lease alone.
+func parseTeardown(stdin []byte) (*teardownConf, []error, error) {
+	var warnings []error
+	if _, err := parse(stdin, "", false); err != nil {
+		warnings = append(warnings, err)
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(stdin, &raw); err != nil {
+		return nil, nil, cniplumb.DecodeError("bridge configuration", err)
+	}
+	t := &teardownConf{Bridge: defaultBridge}
+	var errs []error
+	field := func(key string, v any) bool {
+		b, ok := raw[key]
+		if !ok || string(b) == "null" {
+			return true
+		}
+		if err := json.Unmarshal(b, v); err != nil {
+			errs = append(errs, cniplumb.DecodeError(key, err))
+			return false
+		}
+		return true
+	}
+	if !field("ipMasq", &t.IPMasq) {
+		t.IPMasq = true
+	}
+	if !field("macspoofchk", &t.MacSpoofChk) {
+		t.MacSpoofChk = true
+	}
+	var ipam struct {
+		Type string `json:"type"`
+	}
+	field("ipam", &ipam)
+	t.IPAMType = ipam.Type
+	if !field("bridge", &t.Bridge) {
+		t.Bridge = ""
+	}
+	return t, warnings, errors.Join(errs...)
 }
 
 // pickMAC applies the reference's precedence: CNI_ARGS MAC=, then args.cni.mac, then
@@ -209,7 +266,3 @@ func checkIfName(s string) string {
 	}
 	return ""
 }
-
-// vlanGatewayName is the host interface carrying the gateway address of a VLAN, as
-// the reference names it.
-func vlanGatewayName(bridge string, vlan int) string { return fmt.Sprintf("%s.%d", bridge, vlan) }

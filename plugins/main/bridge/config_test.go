@@ -68,8 +68,49 @@ func TestParseMAC(t *testing.T) {
 		})
 	}
 	// DEL and GC ignore a bad MAC.
-	if _, err := parseTeardownConf(conf1(`"runtimeConfig":{"mac":"bad"}`), ""); err != nil {
-		t.Errorf("teardown parse rejected a bad MAC: %v", err)
+	if _, warnings, err := parseTeardown(conf1(`"runtimeConfig":{"mac":"bad"}`)); err != nil || len(warnings) != 0 {
+		t.Errorf("teardown parse of a bad MAC: %v, %v", warnings, err)
+	}
+}
+
+// TestParseTeardown: DEL and GC read only what teardown needs; what ADD would refuse
+// is a warning, and a key teardown needs that cannot be read is an error while the
+// other keys still count.
+func TestParseTeardown(t *testing.T) {
+	for _, tc := range []struct {
+		name, conf string
+		want       teardownConf
+		warn, err  string
+	}{
+		{name: "valid", conf: `"ipMasq":true,"macspoofchk":true,"bridge":"br0","ipam":{"type":"host-local"}`,
+			want: teardownConf{IPAMType: "host-local", IPMasq: true, MacSpoofChk: true, Bridge: "br0"}},
+		{name: "defaults", conf: ``, want: teardownConf{Bridge: "cni0"}},
+		{name: "backend typo", conf: `"ipMasq":true,"ipMasqBackend":"nftabels","ipam":{"type":"host-local"}`,
+			want: teardownConf{IPAMType: "host-local", IPMasq: true, Bridge: "cni0"}, warn: "nftabels"},
+		{name: "mtu out of range", conf: `"mtu":-5,"ipam":{"type":"x"}`, want: teardownConf{IPAMType: "x", Bridge: "cni0"}, warn: "mtu -5"},
+		{name: "bridge name too long", conf: `"bridge":"abcdefghijklmnopq"`, want: teardownConf{Bridge: "abcdefghijklmnopq"}, warn: "at most 15"},
+		{name: "hairpin and promisc", conf: `"hairpinMode":true,"promiscMode":true`, want: teardownConf{Bridge: "cni0"}, warn: "hairpin"},
+		{name: "mtu not a number", conf: `"mtu":"big","ipMasq":true,"ipam":{"type":"x"}`,
+			want: teardownConf{IPAMType: "x", IPMasq: true, Bridge: "cni0"}, warn: "mtu"},
+		{name: "ipMasq not a bool", conf: `"ipMasq":"yes","ipam":{"type":"x"}`,
+			want: teardownConf{IPAMType: "x", IPMasq: true, Bridge: "cni0"}, warn: "ipMasq", err: "ipMasq"},
+		{name: "ipam not an object", conf: `"ipam":"host-local"`, want: teardownConf{Bridge: "cni0"}, warn: "ipam", err: "ipam"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, warnings, err := parseTeardown(conf1(tc.conf))
+			if got == nil {
+				t.Fatalf("no teardown conf: %v", err)
+			}
+			if d := cmp.Diff(tc.want, *got); d != "" {
+				t.Errorf("teardown conf (-want +got):\n%s", d)
+			}
+			if (tc.warn == "") != (len(warnings) == 0) || tc.warn != "" && !strings.Contains(warnings[0].Error(), tc.warn) {
+				t.Errorf("warnings = %v, want one containing %q", warnings, tc.warn)
+			}
+			if (tc.err == "") != (err == nil) || tc.err != "" && !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("error = %v, want %q", err, tc.err)
+			}
+		})
 	}
 }
 

@@ -1,9 +1,16 @@
 // Command bridge is podwire's drop-in replacement for the reference bridge plugin: it
 // creates the node bridge, connects each pod with a veth pair, delegates addressing to
 // an IPAM plugin and optionally masquerades pod traffic (iptables or nftables).
+//
+// Each verb parses the configuration, plans (plan.go, pure), then applies the plan
+// through the backends of plugin (deps.go): links (pkg/link), ipMasq and macspoofchk
+// (pkg/netfilter) and the IPAM plugin (pkg/delegate). Tests run the same verbs on
+// fakes of all of them.
 package main
 
 import (
+	"os"
+
 	"github.com/podwire/podwire/pkg/cniplumb"
 	"github.com/podwire/podwire/pkg/delegate"
 	"github.com/podwire/podwire/pkg/ipam/hostlocal"
@@ -14,7 +21,9 @@ import (
 func main() {
 	link.RunDeleteChild()       // DEL's veth deletion (link.DeleteOffExit)
 	netfilter.RunReleaseChild() // DEL's nf_tables sockets (netfilter.ReleaseOffExit)
-	cniplumb.Main("bridge", cniplumb.Verbs{Add: add, Del: del, Check: check, GC: gc, Status: status})
+	p := &plugin{links: link.NewNetlink(), ipam: ipamPlugins, masq: hostMasq{}, spoof: hostSpoof{netfilter.NewMacSpoof()},
+		random: link.RandomMAC, stderr: os.Stderr}
+	cniplumb.Main("bridge", cniplumb.Verbs{Add: p.add, Del: p.del, Check: p.check, GC: p.gc, Status: p.status})
 }
 
 // ipamPlugins delegates to the IPAM plugin named in ipam.type. podwire's own

@@ -114,3 +114,102 @@ func TestBuildResultDNS(t *testing.T) {
 		t.Errorf("IPAM DNS should be used: %s", d)
 	}
 }
+
+// fixedChoices are the MACs plan tests use instead of random ones.
+var fixedChoices = choices{BridgeMAC: mac(0xb0), HostMAC: mac(0x01), PodMAC: mac(0x02), GatewayMACs: [2]net.HardwareAddr{mac(0x10), mac(0x11)}}
+
+func mac(last byte) net.HardwareAddr { return net.HardwareAddr{0x02, 0x42, 0, 0, 0, last} }
+
+// TestPlanAttachment: the whole plan of one attachment, as text, for the main
+// configurations. The host veth is named from the attachment ("veth" + 11 hex of its
+// owner hash).
+func TestPlanAttachment(t *testing.T) {
+	owner := netfilter.Owner{Network: "n", ContainerID: "c", IfName: "eth0"}
+	dual := &current.Result{IPs: []*current.IPConfig{ipc("10.0.0.5/24", ""), ipc("fd00::5/64", "")}}
+	for _, tc := range []struct {
+		name, conf string
+		ipam       *current.Result
+		want       string
+	}{
+		{name: "layer 2", conf: `"hairpinMode":true,"portIsolation":true,"mtu":1400`, want: `bridge cni0 mtu=1400 promisc=false vlan_filtering=false accept_ra=0 (if created: mac 02:42:00:00:00:b0; else its MAC pinned)
+veth vethc41f63a4843 mac=02:42:00:00:00:01 <-> eth0 in /run/netns/p mac=02:42:00:00:00:02 mtu=1400 on cni0
+port vethc41f63a4843 hairpin=true isolated=true vlan=0 trunk=[] preserveDefaultVlan=false
+host sysctl net/ipv6/conf/vethc41f63a4843/accept_ra=0 (optional)
+pod up eth0
+node sysctl net/bridge/bridge-nf-call-iptables=1 (optional)
+`},
+		{name: "dual stack gateway, masquerade, spoof check", ipam: dual,
+			conf: `"isDefaultGateway":true,"ipMasq":true,"macspoofchk":true,"ipam":{"type":"host-local"}`, want: `bridge cni0 mtu=0 promisc=false vlan_filtering=false accept_ra=0 (if created: mac 02:42:00:00:00:b0; else its MAC pinned)
+veth vethc41f63a4843 mac=02:42:00:00:00:01 <-> eth0 in /run/netns/p mac=02:42:00:00:00:02 mtu=0 on cni0
+port vethc41f63a4843 hairpin=false isolated=false vlan=0 trunk=[] preserveDefaultVlan=false
+host sysctl net/ipv6/conf/vethc41f63a4843/accept_ra=0 (optional)
+macspoofchk n/c/eth0: bridge nat PREROUTING: iifname "vethc41f63a4843" jump cni-br-iface-c-eth0; cni-br-iface-c-eth0: jump cni-br-iface-c-eth0-mac; cni-br-iface-c-eth0-mac: ether saddr 02:42:00:00:00:02 return, drop
+ipam lease for n/c/eth0
+pod sysctl net/ipv6/conf/eth0/accept_dad=0 (optional)
+pod sysctl net/ipv4/conf/eth0/arp_notify=1 (optional)
+pod sysctl net/ipv6/conf/lo/disable_ipv6=0
+pod sysctl net/ipv6/conf/eth0/disable_ipv6=0
+pod sysctl net/ipv6/conf/eth0/keep_addr_on_down=1
+pod addr 10.0.0.5/24 dev eth0
+pod addr fd00::5/64 dev eth0
+pod up eth0
+pod route 0.0.0.0/0 via 10.0.0.1 dev eth0
+pod route ::/0 via fd00::1 dev eth0
+host gateway 10.0.0.1/24 on cni0 force=false
+host gateway fd00::1/64 on cni0 force=false
+node sysctl net/ipv4/ip_forward=1 (optional)
+node sysctl net/ipv6/conf/all/forwarding=1 (optional)
+node sysctl net/bridge/bridge-nf-call-iptables=1 (optional)
+node sysctl net/bridge/bridge-nf-call-ip6tables=1 (optional)
+masquerade n/c/eth0 from 10.0.0.5 except to 10.0.0.0/24 and 224.0.0.0/4
+masquerade n/c/eth0 from fd00::5 except to fd00::/64 and ff00::/8
+`},
+		{name: "VLAN gateway, DAD, configured MAC", ipam: dual,
+			conf: `"bridge":"br9","vlan":7,"isGateway":true,"enabledad":true,"runtimeConfig":{"mac":"02:00:00:00:aa:bb"},"ipam":{"type":"host-local"}`, want: `bridge br9 mtu=0 promisc=false vlan_filtering=true accept_ra=0 (if created: mac 02:42:00:00:00:b0; else its MAC pinned)
+veth vethc41f63a4843 mac=02:42:00:00:00:01 <-> eth0 in /run/netns/p mac=02:00:00:00:aa:bb mtu=0 on br9
+port vethc41f63a4843 hairpin=false isolated=false vlan=7 trunk=[] preserveDefaultVlan=false
+host sysctl net/ipv6/conf/vethc41f63a4843/accept_ra=0 (optional)
+ipam lease for n/c/eth0
+pod sysctl net/ipv6/conf/eth0/enhanced_dad=1 (optional)
+pod sysctl net/ipv6/conf/eth0/accept_dad=1 (optional)
+pod sysctl net/ipv4/conf/eth0/arp_notify=1 (optional)
+pod sysctl net/ipv6/conf/lo/disable_ipv6=0
+pod sysctl net/ipv6/conf/eth0/disable_ipv6=0
+pod sysctl net/ipv6/conf/eth0/keep_addr_on_down=1
+pod addr 10.0.0.5/24 dev eth0
+pod addr fd00::5/64 dev eth0
+pod up eth0
+pod wait for DAD (at most 10s)
+vlan gateway veth vethb54941ebde8 mac=02:42:00:00:00:10 <-> br9.7 in the node mac=02:42:00:00:00:11 mtu=0 on br9
+port vethb54941ebde8 hairpin=false isolated=false vlan=7 trunk=[] preserveDefaultVlan=false
+host sysctl net/ipv6/conf/vethb54941ebde8/accept_ra=0 (optional)
+host gateway 10.0.0.1/24 on br9.7 force=false
+host gateway fd00::1/64 on br9.7 force=false
+node sysctl net/ipv4/ip_forward=1 (optional)
+node sysctl net/ipv6/conf/all/forwarding=1 (optional)
+node sysctl net/bridge/bridge-nf-call-iptables=1 (optional)
+node sysctl net/bridge/bridge-nf-call-ip6tables=1 (optional)
+`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := parseConf(conf1(tc.conf), "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := planAttachment(c, owner, "/run/netns/p", fixedChoices)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.ipam != nil {
+				ap, err := planAddresses(c, owner, tc.ipam)
+				if err != nil {
+					t.Fatal(err)
+				}
+				p.withAddresses(c, ap)
+			}
+			if d := cmp.Diff(tc.want, p.String()); d != "" {
+				t.Errorf("plan (-want +got):\n%s", d)
+			}
+		})
+	}
+}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/podwire/podwire/pkg/cleanup"
 	"github.com/podwire/podwire/pkg/cniplumb"
 	"github.com/podwire/podwire/pkg/netfilter"
 )
@@ -34,19 +35,6 @@ func stderrf(format string, a ...any) { fmt.Fprintf(os.Stderr, "portmap: "+forma
 type localnetUsers interface {
 	hold(iface string, id netfilter.OwnerID) error
 	release(iface string, id netfilter.OwnerID) error
-}
-
-// undoStack runs inverses of completed steps when ADD fails.
-type undoStack []func() error
-
-func (u *undoStack) push(f func() error) { *u = append(*u, f) }
-
-func (u undoStack) run() error {
-	var errs []error
-	for i := len(u) - 1; i >= 0; i-- {
-		errs = append(errs, u[i]())
-	}
-	return errors.Join(errs...)
 }
 
 // add installs the attachment's host ports and passes prevResult through. Without
@@ -75,14 +63,8 @@ func (pm *portmap) add(ctx context.Context, in *cniplumb.Input) (_ types.Result,
 	if err != nil {
 		return nil, err
 	}
-	var undo undoStack
-	defer func() {
-		if err != nil {
-			if uerr := undo.run(); uerr != nil {
-				err = fmt.Errorf("%w (undoing the partial ADD also failed: %v)", err, uerr)
-			}
-		}
-	}()
+	var undo cleanup.Stack
+	defer undo.RunIfFailed(&err)
 	// A repeated ADD of the attachment: rules the new plan does not replace (another
 	// backend, or a family it no longer has) go first, so the marker below describes
 	// everything the attachment owns.
@@ -107,7 +89,7 @@ func (pm *portmap) add(ctx context.Context, in *cniplumb.Input) (_ types.Result,
 	if err := pm.state.write(owner, m); err != nil {
 		return nil, err
 	}
-	undo.push(func() error { return pm.state.remove(owner) })
+	undo.Push("remove the marker of "+owner.String(), func() error { return pm.state.remove(owner) })
 	// route_localnet and the rules are independent (the marker already names both):
 	// set the knob while the rules go in.
 	var holdErr error
@@ -121,12 +103,12 @@ func (pm *portmap) add(ctx context.Context, in *cniplumb.Input) (_ types.Result,
 	applyErr := fw.Apply(ctx, plan)
 	<-held
 	if m.Localnet != "" && holdErr == nil {
-		undo.push(func() error { return pm.localnet.release(m.Localnet, netfilter.IDOf(owner)) })
+		undo.Push("release route_localnet on "+m.Localnet, func() error { return pm.localnet.release(m.Localnet, netfilter.IDOf(owner)) })
 	}
 	if applyErr != nil {
 		return nil, fmt.Errorf("installing host ports of %s with %s: %w", owner, kind, applyErr)
 	}
-	undo.push(func() error { return fw.Remove(context.WithoutCancel(ctx), owner, plan.Families()) })
+	undo.Push("remove the host-port rules of "+owner.String(), func() error { return fw.Remove(context.WithoutCancel(ctx), owner, plan.Families()) })
 	if holdErr != nil {
 		return nil, holdErr
 	}

@@ -1,0 +1,230 @@
+package netfilter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
+
+	"github.com/podwire/podwire/pkg/cniplumb"
+)
+
+// This file is bridge's macspoofchk in the reference plugin's nftables layout
+// (plugins v1.10.0, pkg/link/spoofcheck.go), with the bytecode nft generates for the
+// reference's rules, on the nftables engine (nft_layout.go):
+//
+//	table bridge nat
+//	  chain PREROUTING  (type filter hook prerouting priority -300; policy accept)
+//	    iifname "<host veth>" jump cni-br-iface-<id>       comment "macspoofchk-<id>"
+//	  chain cni-br-iface-<id>
+//	    jump cni-br-iface-<id>-mac                          comment "macspoofchk-<id>"
+//	  chain cni-br-iface-<id>-mac
+//	    ether saddr <pod MAC> return                        comment "macspoofchk-<id>"
+//	    drop                                                comment "macspoofchk-<id>"
+//
+// where <id> is "<containerID>-<ifname>". The reference's DEL finds the PREROUTING
+// rule by its comment and deletes the two chains by name, so it removes what podwire
+// made, and podwire's DEL removes what the reference made. The layout has no network
+// name: GC tells this network's attachments by their host veth (MacSpoof.GC).
+//
+// Before this layout podwire kept macspoofchk in a table of its own, bridge
+// podwire_macspoof (MacSpoofFeature); DEL and GC still clean it up.
+
+// The reference's macspoofchk objects.
+const (
+	spoofTableName  = "nat"
+	spoofBaseChain  = "PREROUTING"
+	spoofChainPfx   = "cni-br-iface-"
+	spoofCommentPfx = "macspoofchk-"
+	// nftMaxChainName is NFT_CHAIN_MAXNAMELEN less its NUL; nftMaxComment is the
+	// longest comment the nft tool writes.
+	nftMaxChainName = 255
+	nftMaxComment   = 128
+)
+
+// MacSpoofPlan is one attachment's macspoofchk: frames that enter the bridge from the
+// pod's host-side port must come from the pod interface's MAC, or they are dropped.
+type MacSpoofPlan struct {
+	Owner  Owner
+	HostIf string           // the pod's host-side veth, the bridge port
+	MAC    net.HardwareAddr // the pod interface's
+}
+
+// spoofID is the reference's identity of an attachment: "<containerID>-<ifname>".
+func spoofID(o Owner) string { return o.ContainerID + "-" + o.IfName }
+
+func spoofChains(id string) (iface, mac string) {
+	return spoofChainPfx + id, spoofChainPfx + id + "-mac"
+}
+
+// Validate reports a plan that cannot be installed, before anything changes.
+func (p MacSpoofPlan) Validate() error {
+	if p.Owner.ContainerID == "" || p.Owner.IfName == "" || p.HostIf == "" {
+		return fmt.Errorf("macspoofchk plan of %q lacks the container ID, interface or host veth", p.Owner)
+	}
+	if len(p.MAC) != 6 {
+		return fmt.Errorf("macspoofchk of %s: %q is not an Ethernet MAC address", p.Owner, p.MAC)
+	}
+	id := spoofID(p.Owner)
+	if _, mac := spoofChains(id); len(mac) > nftMaxChainName || len(spoofCommentPfx+id) > nftMaxComment {
+		return fmt.Errorf("macspoofchk of %s: container ID and interface name make the chain %q longer than nftables allows; use a container ID of at most 200 bytes", p.Owner, mac)
+	}
+	return nil
+}
+
+// String renders the plan as the rules it installs.
+func (p MacSpoofPlan) String() string {
+	iface, mac := spoofChains(spoofID(p.Owner))
+	return fmt.Sprintf("macspoofchk %s: bridge nat %s: iifname %q jump %s; %s: jump %s; %s: ether saddr %s return, drop\n",
+		p.Owner, spoofBaseChain, p.HostIf, iface, iface, mac, mac, p.MAC)
+}
+
+func spoofBase(t *nftables.Table) *nftables.Chain {
+	accept := nftables.ChainPolicyAccept
+	return &nftables.Chain{Name: spoofBaseChain, Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRef(-300), Policy: &accept}
+}
+
+// spoofLayout is the reference's table bridge nat: PREROUTING is shared (and also
+// ebtables-nft's), every attachment has two chains of its own.
+func spoofLayout() *nftLayout {
+	t := &nftables.Table{Name: spoofTableName, Family: nftables.TableFamilyBridge}
+	return &nftLayout{
+		table:  t,
+		chains: []*nftables.Chain{spoofBase(t)},
+		key:    spoofID,
+		netKey: func(string) string { return "" },
+		ruleKey: func(r *nftables.Rule) (string, string, bool) {
+			id, ok := strings.CutPrefix(ruleComment(r), spoofCommentPfx)
+			return id, "", ok && id != ""
+		},
+		ownerChains: func(id string) []*nftables.Chain {
+			iface, mac := spoofChains(id)
+			return []*nftables.Chain{{Name: iface, Table: t}, {Name: mac, Table: t}}
+		},
+	}
+}
+
+// spoofRules are p's four rules, in the reference's order.
+func spoofRules(l *nftLayout, p MacSpoofPlan) []*nftables.Rule {
+	id := spoofID(p.Owner)
+	chains := l.ownerChains(id)
+	iface, mac := chains[0], chains[1]
+	ud := userdata.AppendString(nil, userdata.TypeComment, spoofCommentPfx+id)
+	rule := func(c *nftables.Chain, e ...expr.Any) *nftables.Rule {
+		return &nftables.Rule{Table: l.table, Chain: c, Exprs: e, UserData: ud}
+	}
+	return []*nftables.Rule{
+		rule(l.chains[0], &expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifnameBytes(p.HostIf)},
+			&expr.Verdict{Kind: expr.VerdictJump, Chain: iface.Name}),
+		rule(iface, &expr.Verdict{Kind: expr.VerdictJump, Chain: mac.Name}),
+		rule(mac, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseLLHeader, Offset: 6, Len: 6},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte(p.MAC)},
+			&expr.Verdict{Kind: expr.VerdictReturn}),
+		rule(mac, &expr.Verdict{Kind: expr.VerdictDrop}),
+	}
+}
+
+// spoofHostIf reads the host veth a PREROUTING rule matches, "" when it matches none.
+func spoofHostIf(r *nftables.Rule) string {
+	for i, e := range r.Exprs {
+		if m, ok := e.(*expr.Meta); ok && m.Key == expr.MetaKeyIIFNAME && i+1 < len(r.Exprs) {
+			if c, ok := r.Exprs[i+1].(*expr.Cmp); ok {
+				return strings.TrimRight(string(c.Data), "\x00")
+			}
+		}
+	}
+	return ""
+}
+
+// MacSpoof is macspoofchk's backend: the reference's layout (see above) through
+// netlink only, plus the removal of what podwire kept in its own table before.
+// Apply and Remove are one atomic batch each; the table goes with its last
+// attachment when nothing else (ebtables-nft's chains or rules) is in it.
+type MacSpoof struct {
+	s *nftSocket
+}
+
+// NewMacSpoofOn returns the backend on the connection c (a fake kernel in tests),
+// without podwire's lock files.
+func NewMacSpoofOn(c NFTConn) *MacSpoof { return &MacSpoof{s: nftSocketOn(c)} }
+
+// Close releases the netlink socket; the backend may be used again afterwards.
+func (b *MacSpoof) Close() error { return b.s.Close() }
+
+// legacy is podwire's former macspoofchk table on the same socket.
+func (b *MacSpoof) legacy() *NFTables { return &NFTables{s: b.s} }
+
+// Apply installs p, replacing what p.Owner had. An invalid plan fails before anything
+// changes.
+func (b *MacSpoof) Apply(_ context.Context, p MacSpoofPlan) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	l := spoofLayout()
+	return l.apply(b.s, p.Owner, spoofRules(l, p))
+}
+
+// Check reports an error when p.Owner's rules differ from p; IsNotFound tells that
+// none are there. Rules the reference plugin made are the same as podwire's and pass.
+// A pod whose rules are still in podwire's former table gets an error saying so and
+// what to do.
+func (b *MacSpoof) Check(ctx context.Context, p MacSpoofPlan) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	l := spoofLayout()
+	err := l.check(b.s, p.Owner, spoofRules(l, p))
+	if !IsNotFound(err) {
+		return err
+	}
+	if lerr := b.legacy().Check(ctx, PlanMacSpoof(p.Owner, p.HostIf, p.MAC)); lerr == nil || !IsNotFound(lerr) {
+		return fmt.Errorf("the macspoofchk rules of %s are in table bridge %s, where podwire kept them before it used the reference's layout (table bridge nat); they still protect the pod, but the reference plugin cannot remove them: DEL and ADD the pod again to move them", p.Owner, TableName(MacSpoofFeature))
+	}
+	return err
+}
+
+// Remove deletes o's rules and chains, whichever plugin made them, and o's rules in
+// podwire's former table. Nothing to remove is success.
+func (b *MacSpoof) Remove(ctx context.Context, o Owner) error {
+	l := spoofLayout()
+	return errors.Join(l.remove(b.s, l.ownerPick(o), spoofID(o)), b.legacy().Remove(ctx, MacSpoofFeature, o))
+}
+
+// GC removes the rules and chains of the attachments keep does not hold. The layout
+// names no network, so an attachment is network's only when ours says its host veth
+// is (bridge passes "absent, or a port of this network's bridge"): another network's
+// attachments on another bridge are left alone. In podwire's former table GC goes by
+// the network in the rules' tags.
+func (b *MacSpoof) GC(ctx context.Context, network string, keep cniplumb.Owners, ours func(hostIf string) bool) error {
+	l := spoofLayout()
+	kept := map[string]bool{}
+	for o := range keep {
+		kept[spoofID(o)] = true
+	}
+	stale := map[string]bool{}
+	err := b.s.locked(l, func(c NFTConn) error {
+		st, err := l.read(c)
+		if err != nil {
+			return err
+		}
+		for _, r := range st.rules {
+			if id, _, ok := l.ruleKey(r); ok && !kept[id] && r.Chain.Name == spoofBaseChain && ours(spoofHostIf(r)) {
+				stale[id] = true
+			}
+		}
+		return nil
+	})
+	if err == nil && len(stale) > 0 {
+		// Another call may have changed the table since: remove goes by key again
+		// under the lock, and an attachment added meanwhile is in no stale set.
+		err = l.remove(b.s, func(id, _ string) bool { return stale[id] })
+	}
+	return errors.Join(err, b.legacy().GC(ctx, MacSpoofFeature, network, keep))
+}
