@@ -210,7 +210,13 @@ func (b *Netlink) CreateVeth(_ context.Context, s VethSpec) (err error) {
 	attrs.Name, attrs.MTU, attrs.HardwareAddr = s.HostName, s.MTU, s.HostMAC
 	attrs.Flags = net.FlagUp
 	attrs.MasterIndex = br.Attrs().Index
-	v := &netlink.Veth{LinkAttrs: attrs, PeerName: s.PodName, PeerHardwareAddr: s.PodMAC, PeerNamespace: peerNS}
+	// The reference's txqueuelens: it creates the pair from the pod's side with the
+	// library's defaults, so the pod end gets the kernel's veth default (1000) and its
+	// peer, the host end, an explicit 0. The library sends the peer's length unless it
+	// is negative, falling back to the main end's, so both are set here.
+	attrs.TxQLen = 0
+	v := &netlink.Veth{LinkAttrs: attrs, PeerName: s.PodName, PeerHardwareAddr: s.PodMAC, PeerNamespace: peerNS,
+		PeerTxQLen: 1000}
 	if s.MTU > 0 {
 		v.PeerMTU = uint32(s.MTU)
 	}
