@@ -113,8 +113,8 @@ func TestLoopbackBadInput(t *testing.T) {
 		code  uint
 	}{
 		{"malformed JSON", nil, `{"cniVersion":"1.0.0",`, 6},
-		{"missing cniVersion", nil, `{"name":"lo","type":"loopback"}`, 7},
-		{"unsupported version", nil, `{"cniVersion":"0.2.0","name":"lo","type":"loopback"}`, 1},
+		{"cniVersion not a string", nil, `{"cniVersion":1,"name":"lo","type":"loopback"}`, 6},
+		{"unsupported version", nil, `{"cniVersion":"0.5.0","name":"lo","type":"loopback"}`, 1},
 		{"container ID with slash", map[string]string{"CNI_CONTAINERID": "../etc"}, good, 4},
 		{"container ID dotdot", map[string]string{"CNI_CONTAINERID": ".."}, good, 4},
 		{"ifname too long", map[string]string{"CNI_IFNAME": "a234567890123456"}, good, 4},
