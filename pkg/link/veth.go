@@ -37,6 +37,9 @@ func hostVethName() (string, error) {
 	return "veth" + hex.EncodeToString(b[:]), nil
 }
 
+// defaultTxQueueLen is the kernel's txqueuelen for a new veth (DEFAULT_TX_QUEUE_LEN).
+const defaultTxQueueLen = 1000
+
 // ErrPodIfExists means the pod already has an interface with the requested name.
 var ErrPodIfExists = errors.New("interface already exists in the pod's network namespace")
 
@@ -68,8 +71,14 @@ func CreateVeth(s VethSpec, podHasLink func(name string) bool) (*Veth, error) {
 		attrs.HardwareAddr = hostMAC
 		attrs.Flags = net.FlagUp
 		attrs.MasterIndex = s.BridgeIdx
+		// The txqueuelens of the reference's pair, which it creates from the pod's side
+		// with the library's defaults: the pod end gets the kernel's veth default
+		// (DEFAULT_TX_QUEUE_LEN, 1000) and the peer, here the host end, an explicit 0.
+		// The library sends the peer's length whenever it is not negative, falling back
+		// to the main end's, so both are set here.
+		attrs.TxQLen = 0
 		v := &netlink.Veth{LinkAttrs: attrs, PeerName: s.PodIfName, PeerHardwareAddr: podMAC,
-			PeerNamespace: netlink.NsFd(s.PodNSFd)}
+			PeerNamespace: netlink.NsFd(s.PodNSFd), PeerTxQLen: defaultTxQueueLen}
 		if s.MTU > 0 {
 			v.PeerMTU = uint32(s.MTU)
 		}
@@ -90,6 +99,9 @@ func CreateVeth(s VethSpec, podHasLink func(name string) bool) (*Veth, error) {
 			}
 			return nil, fmt.Errorf("creating veth pair %s/%s: %w", name, s.PodIfName, err)
 		}
+		// As the reference: the node owns the routes through the host end, so router
+		// advertisements must not add any. Absent when IPv6 is disabled, which is fine.
+		_ = WriteSysctl("net/ipv6/conf/"+name+"/accept_ra", "0")
 		return &Veth{Host: v, HostMAC: hostMAC, PodMAC: podMAC}, nil
 	}
 	return nil, fmt.Errorf("creating veth for %q: 8 generated host names were all taken", s.PodIfName)
