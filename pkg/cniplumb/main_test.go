@@ -287,12 +287,36 @@ func TestKernelName(t *testing.T) {
 	}
 }
 
-func TestParseArgs(t *testing.T) {
-	m, err := ParseArgs("IgnoreUnknown=1;IP=10.0.0.5;K8S_POD_NAME=x")
-	if err != nil || m["IP"] != "10.0.0.5" || m["IgnoreUnknown"] != "1" {
-		t.Fatalf("ParseArgs = %v, %v", m, err)
+func TestLoadArgs(t *testing.T) {
+	type macArgs struct {
+		types.CommonArgs
+		MAC types.UnmarshallableString
 	}
-	if _, err := ParseArgs("garbage"); Code(err) != 4 {
-		t.Fatalf("want code 4, got %v", err)
+	for _, tc := range []struct {
+		args, wantMAC string
+		ok            bool
+	}{
+		{"", "", true},
+		{"MAC=02:00:00:00:00:01", "02:00:00:00:00:01", true},
+		{"IgnoreUnknown=1;K8S_POD_NAME=p;MAC=02:00:00:00:00:01", "02:00:00:00:00:01", true},
+		{"K8S_POD_NAME=p;IgnoreUnknown=true", "", true},     // order does not matter
+		{"mac=02:00:00:00:00:01;IgnoreUnknown=1", "", true}, // keys are case-sensitive: mac is not MAC
+		{"mac=02:00:00:00:00:01", "", false},
+		{"K8S_POD_NAME=p", "", false},
+		{"ignoreunknown=1;K8S_POD_NAME=p", "", false},
+		{"IgnoreUnknown=yes", "", false},
+		{"garbage", "", false},
+		{"MAC=a=b", "", false},
+		{"MAC=02:00:00:00:00:01;", "", false}, // an empty entry
+		{"CommonArgs=x", "", false},           // a field, but not a value
+	} {
+		var a macArgs
+		err := LoadArgs("bridge", tc.args, &a)
+		if (err == nil) != tc.ok || (tc.ok && string(a.MAC) != tc.wantMAC) {
+			t.Errorf("LoadArgs(%q) = MAC %q, %v; want MAC %q, ok=%v", tc.args, a.MAC, err, tc.wantMAC, tc.ok)
+		}
+		if err != nil && (Code(err) != 4 || !strings.Contains(err.Error(), "bridge reads IgnoreUnknown, MAC")) {
+			t.Errorf("LoadArgs(%q): %v; want code 4 naming the keys bridge reads", tc.args, err)
+		}
 	}
 }

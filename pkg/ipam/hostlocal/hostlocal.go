@@ -66,10 +66,14 @@ func del(ctx context.Context, in *cniplumb.Input) error {
 
 // existingStore opens the lease store DEL and GC work on, which needs only the data dir
 // (so it works even when the ranges were changed or broken after ADD); nil when the
-// network never had a lease, which is nothing to do.
+// network never had a lease, which is nothing to do. CNI_ARGS are checked as on ADD:
+// the reference refuses DEL and GC with CNI_ARGS it would refuse on ADD.
 func existingStore(in *cniplumb.Input) (*ipam.StoreConf, *disk.Store, error) {
 	sc, err := ipam.ParseStoreConf(in.Stdin)
 	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := ipam.LoadEnvArgs(in.Args); err != nil {
 		return nil, nil, err
 	}
 	st, err := disk.Open(sc.DataDir, sc.Network, disk.Options{})
