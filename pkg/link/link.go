@@ -45,9 +45,10 @@ type BridgeSpec struct {
 
 // EnsureBridge returns the bridge named s.Name, creating it if missing. Many ADDs may
 // race to create it: the loser's EEXIST is success once the existing device is
-// verified to be a bridge. A bridge we create gets a fixed random MAC (so it does not
-// change as ports come and go), accept_ra off (we own its routes) and is brought up; an
-// existing one is brought up and put in promiscuous mode if the configuration asks.
+// verified to be a bridge. A bridge we create gets accept_ra off (we own its routes)
+// and is brought up; an existing one is brought up and put in promiscuous mode if the
+// configuration asks. As the reference's, a new bridge has the kernel's random MAC,
+// so until PinBridgeMAC it takes the lowest MAC of its ports (and all zeros with none).
 //
 // The bridge usually exists (every pod after the node's first), so it is looked up
 // first: one request instead of a refused create plus the lookup.
@@ -87,14 +88,9 @@ func EnsureBridge(s BridgeSpec) (*netlink.Bridge, error) {
 // createBridge creates the bridge of s; it reports false when another process created
 // a device of that name first (EEXIST), which the caller then verifies.
 func createBridge(s BridgeSpec) (bool, error) {
-	mac, err := RandomMAC()
-	if err != nil {
-		return false, err
-	}
 	attrs := netlink.NewLinkAttrs()
 	attrs.Name = s.Name
 	attrs.MTU = s.MTU
-	attrs.HardwareAddr = mac
 	br := &netlink.Bridge{LinkAttrs: attrs}
 	if s.VlanFiltering {
 		on := true
@@ -110,6 +106,33 @@ func createBridge(s BridgeSpec) (bool, error) {
 		return false, nil
 	}
 	return true, nil
+}
+
+// PinBridgeMAC fixes the bridge's MAC at mac, the one it had before this ADD attached
+// its port, so it no longer follows its ports; all zeros (a bridge whose ports were all
+// gone) becomes a random MAC. The reference does this whenever it puts a gateway
+// address on the bridge (isGateway), so the gateway's MAC does not change as pods come
+// and go.
+func PinBridgeMAC(br netlink.Link, mac net.HardwareAddr) error {
+	if len(mac) == 0 || isZeroMAC(mac) {
+		var err error
+		if mac, err = RandomMAC(); err != nil {
+			return err
+		}
+	}
+	if err := netlink.LinkSetHardwareAddr(br, mac); err != nil {
+		return fmt.Errorf("pinning the MAC of bridge %q at %s: %w", br.Attrs().Name, mac, err)
+	}
+	return nil
+}
+
+func isZeroMAC(m net.HardwareAddr) bool {
+	for _, b := range m {
+		if b != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // sysctlPath turns "net/ipv4/ip_forward" into its /proc/sys path. Keys use slashes
@@ -140,6 +163,26 @@ func EnsureSysctl(key, value string) error {
 	}
 	if err := WriteSysctl(key, value); err != nil {
 		return fmt.Errorf("setting %s=%s: %w", key, value, err)
+	}
+	return nil
+}
+
+// PrepareIPv6 readies ifName, in the calling thread's namespace, for IPv6 addresses as
+// the reference's ipam.ConfigureIface does before it adds the first one: IPv6 is
+// enabled on lo and on ifName where disable_ipv6 says otherwise (an unreadable knob is
+// skipped), and keep_addr_on_down=1 keeps the addresses while ifName is down.
+func PrepareIPv6(ifName string) error {
+	for _, dev := range []string{"lo", ifName} {
+		key := "net/ipv6/conf/" + dev + "/disable_ipv6"
+		if v, err := ReadSysctl(key); err != nil || v == "0" {
+			continue
+		}
+		if err := WriteSysctl(key, "0"); err != nil {
+			return fmt.Errorf("enabling IPv6 on %s (%s=0): %w; the pod gets IPv6 addresses, so IPv6 must be available in its namespace", dev, key, err)
+		}
+	}
+	if err := WriteSysctl("net/ipv6/conf/"+ifName+"/keep_addr_on_down", "1"); err != nil {
+		return fmt.Errorf("setting keep_addr_on_down on %s: %w; the pod gets IPv6 addresses, so IPv6 must be available in its namespace", ifName, err)
 	}
 	return nil
 }

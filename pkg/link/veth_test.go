@@ -7,6 +7,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
+	"github.com/vishvananda/netlink"
 )
 
 // TestCreateVethLikeReference: the pair looks as the reference's does (it creates the
@@ -55,6 +56,43 @@ func TestCreateVethLikeReference(t *testing.T) {
 		}
 		if q := l.Attrs().TxQLen; q != 1000 {
 			t.Errorf("pod end txqueuelen %d, want 1000", q)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPrepareIPv6: IPv6 is turned back on for lo and the interface, and
+// keep_addr_on_down set, as the reference does before adding IPv6 addresses.
+func TestPrepareIPv6(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for network namespaces; run as root (CI does)")
+	}
+	n, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { n.Close(); testutils.UnmountNS(n) }()
+	err = n.Do(func(ns.NetNS) error {
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "d0"}, PeerName: "d1"}); err != nil {
+			return err
+		}
+		for _, dev := range []string{"lo", "d0"} {
+			if err := WriteSysctl("net/ipv6/conf/"+dev+"/disable_ipv6", "1"); err != nil {
+				return err
+			}
+		}
+		if err := PrepareIPv6("d0"); err != nil {
+			return err
+		}
+		for key, want := range map[string]string{
+			"net/ipv6/conf/lo/disable_ipv6": "0", "net/ipv6/conf/d0/disable_ipv6": "0", "net/ipv6/conf/d0/keep_addr_on_down": "1",
+		} {
+			if got, err := ReadSysctl(key); err != nil || got != want {
+				t.Errorf("%s = %q, %v; want %s", key, got, err, want)
+			}
 		}
 		return nil
 	})

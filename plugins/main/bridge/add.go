@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -183,6 +184,13 @@ func add(ctx context.Context, in *cniplumb.Input) (_ types.Result, err error) {
 	if err != nil {
 		return nil, err
 	}
+	// The bridge's MAC followed the new port or was pinned: report it as it is now, as
+	// the reference does.
+	brNow, err := netlinksafe.LinkByName(br.Name)
+	if err != nil {
+		return nil, fmt.Errorf("reading back bridge %q: %w", br.Name, err)
+	}
+	ifs[0].Mac = brNow.Attrs().HardwareAddr.String()
 	var dns types.DNS
 	if ipamRes != nil {
 		dns = ipamRes.DNS
@@ -259,6 +267,11 @@ func configurePod(c *conf, ifName string, ap *addrPlan) error {
 	l, err := netlinksafe.LinkByName(ifName)
 	if err != nil {
 		return err
+	}
+	if slices.ContainsFunc(ap.IPs, func(ip *current.IPConfig) bool { return ip.Address.IP.To4() == nil }) {
+		if err := link.PrepareIPv6(ifName); err != nil {
+			return err
+		}
 	}
 	var v6 []net.IP
 	for _, ip := range ap.IPs {
@@ -349,6 +362,12 @@ func ensureGateways(c *conf, br *netlink.Bridge, ap *addrPlan) (*current.Interfa
 	}
 	for _, gw := range ap.Gateways {
 		if err := ensureAddr(target, gw, c.raw.ForceAddress); err != nil {
+			return nil, err
+		}
+	}
+	if c.raw.Vlan == 0 {
+		// br is as it was before this pod's port joined: keep that MAC from now on.
+		if err := link.PinBridgeMAC(br, br.HardwareAddr); err != nil {
 			return nil, err
 		}
 	}
