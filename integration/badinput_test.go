@@ -47,7 +47,7 @@ func TestBadInputEveryPlugin(t *testing.T) {
 	cases := []tcase{
 		{"malformed JSON", nil, func(p string) string { return strings.TrimSuffix(good(p), "}") }, 6},
 		{"NUL byte in JSON", nil, func(p string) string { return good(p)[:20] + "\x00" + good(p)[20:] }, 6},
-		{"missing cniVersion", nil, func(p string) string { return strings.Replace(good(p), `"cniVersion":"1.0.0",`, "", 1) }, 7},
+		{"cniVersion not a string", nil, func(p string) string { return strings.Replace(good(p), `"1.0.0"`, `1.0`, 1) }, 6},
 		{"unsupported cniVersion", nil, func(p string) string { return strings.Replace(good(p), `"1.0.0"`, `"42.0.0"`, 1) }, 1},
 		{"hostile network name", nil, func(p string) string { return strings.Replace(good(p), `"name":"bad"`, `"name":"../../etc"`, 1) }, 7},
 		{"network name with NUL", nil, func(p string) string { return strings.Replace(good(p), `"name":"bad"`, `"name":"a\u0000b"`, 1) }, 7},

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -322,25 +321,9 @@ func requireClean(t *testing.T, h *nstest.H, before nodestate.Snapshot) {
 	h.RequireUnchanged(before)
 }
 
-// referenceBandwidth returns the reference bandwidth plugin (ReferenceVersion of the
-// bench), installing it from the Go module proxy into <repo>/.cache the first time.
+// referenceBandwidth returns the reference bandwidth plugin.
 func referenceBandwidth(t *testing.T) string {
-	t.Helper()
-	root, err := nstest.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(root, ".cache", "reference-v1.10.0")
-	bin := filepath.Join(dir, "bandwidth")
-	if _, err := os.Stat(bin); err == nil {
-		return bin
-	}
-	cmd := exec.Command("go", "install", "-trimpath", "github.com/containernetworking/plugins/plugins/meta/bandwidth@v1.10.0")
-	cmd.Env = append(os.Environ(), "GOBIN="+dir, "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		nstest.Missing(t, "cannot install the reference bandwidth plugin: %v\n%s", err, out)
-	}
-	return bin
+	return filepath.Join(referenceDir(t, "bandwidth"), "bandwidth")
 }
 
 // mixedSetup is a warmed-up bandwidth network, a libcni client whose CNI_PATH finds

@@ -24,35 +24,8 @@ import (
 // back exactly as before. Both binaries share one libcni cache, as they would on a
 // node where only the files in the CNI bin dir change.
 
-// referencePlugins returns a directory holding the reference bridge and host-local,
-// installing them from the Go module proxy into <repo>/.cache the first time.
-func referencePlugins(t *testing.T) string {
-	t.Helper()
-	root, err := nstest.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(root, ".cache", "reference-v1.10.0")
-	_, e1 := os.Stat(filepath.Join(dir, "bridge"))
-	_, e2 := os.Stat(filepath.Join(dir, "host-local"))
-	if e1 != nil || e2 != nil {
-		cmd := exec.Command("go", "install", "-trimpath",
-			"github.com/containernetworking/plugins/plugins/main/bridge@v1.10.0",
-			"github.com/containernetworking/plugins/plugins/ipam/host-local@v1.10.0")
-		cmd.Env = append(os.Environ(), "GOBIN="+dir, "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			nstest.Missing(t, "cannot install the reference bridge and host-local v1.10.0 (needed to prove drop-in compatibility): %v\n%s", err, out)
-		}
-	}
-	// Only these two: the reference dir may hold other reference plugins.
-	only := t.TempDir()
-	for _, p := range []string{"bridge", "host-local"} {
-		if err := os.Symlink(filepath.Join(dir, p), filepath.Join(only, p)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return only
-}
+// referencePlugins returns a directory holding the reference bridge and host-local.
+func referencePlugins(t *testing.T) string { return referenceDir(t, "bridge", "host-local") }
 
 // compat is one test's pair of libcni clients sharing a cache.
 type compat struct {

@@ -547,6 +547,35 @@ func TestHostLocalStatus(t *testing.T) {
 
 // TestHostLocalBadInput runs the binary on bad configurations: a code-7 error naming
 // the key, a non-zero exit, and nothing written.
+// TestHostLocalCNIArgsOnDEL: DEL and GC check CNI_ARGS as the reference's do: an
+// unknown key without IgnoreUnknown=1 fails (code 4) and releases nothing; with it,
+// DEL releases the lease.
+func TestHostLocalCNIArgsOnDEL(t *testing.T) {
+	h := nstest.New(t)
+	pod := h.NewPod()
+	conf := `{"cniVersion":"1.1.0","name":"` + h.Name("args") + `","type":"host-local","ipam":{"type":"host-local","dataDir":"` + h.DataDir + `","ranges":[[{"subnet":"10.0.0.0/24"}]]}}`
+	env := func(cmd, args string) map[string]string {
+		return map[string]string{"CNI_COMMAND": cmd, "CNI_CONTAINERID": "c1", "CNI_IFNAME": "eth0", "CNI_NETNS": pod.Path(), "CNI_ARGS": args}
+	}
+	if out, exit := h.Exec("host-local", env("ADD", "IgnoreUnknown=1;K8S_POD_NAME=p"), conf); exit != 0 {
+		t.Fatalf("ADD: exit %d: %s", exit, out)
+	}
+	out, exit := h.Exec("host-local", env("DEL", "K8S_POD_NAME=p"), conf)
+	if e, err := nstest.CNIError(out); exit == 0 || err != nil || e.Code != 4 {
+		t.Fatalf("DEL with an unknown key: exit %d, %s; want code 4", exit, out)
+	}
+	lease := filepath.Join(h.DataDir, h.Name("args"), "10.0.0.2")
+	if _, err := os.Stat(lease); err != nil {
+		t.Fatalf("the refused DEL released the lease: %v", err)
+	}
+	if out, exit := h.Exec("host-local", env("DEL", "IgnoreUnknown=1;K8S_POD_NAME=p"), conf); exit != 0 {
+		t.Fatalf("DEL with IgnoreUnknown=1: exit %d: %s", exit, out)
+	}
+	if _, err := os.Stat(lease); !os.IsNotExist(err) {
+		t.Fatalf("lease still there after DEL: %v", err)
+	}
+}
+
 func TestHostLocalBadInput(t *testing.T) {
 	h := nstest.New(t)
 	pod := h.NewPod()
@@ -570,6 +599,8 @@ func TestHostLocalBadInput(t *testing.T) {
 		{"relative dataDir", `{"cniVersion":"1.1.0","name":"bad","ipam":{"dataDir":"x","ranges":[[{"subnet":"10.0.0.0/24"}]]}}`, "", 7, "ipam.dataDir"},
 		{"unreadable resolvConf", conf(`"resolvConf":"/nonexistent/resolv.conf","ranges":[[{"subnet":"10.0.0.0/24"}]]`), "", 7, "ipam.resolvConf"},
 		{"CNI_ARGS IP garbage", conf(`"ranges":[[{"subnet":"10.0.0.0/24"}]]`), "IP=nope", 4, "CNI_ARGS"},
+		{"CNI_ARGS unknown key", conf(`"ranges":[[{"subnet":"10.0.0.0/24"}]]`), "K8S_POD_NAME=p", 4, "CNI_ARGS"},
+		{"CNI_ARGS ip= in lower case", conf(`"ranges":[[{"subnet":"10.0.0.0/24"}]]`), "ip=10.0.0.9", 4, "CNI_ARGS"},
 		{"no ipam", `{"cniVersion":"1.1.0","name":"bad","type":"host-local"}`, "", 7, "ipam"},
 		{"ranges not a list", conf(`"ranges":{}`), "", 6, "network configuration"},
 	} {

@@ -1,9 +1,12 @@
 package integration
 
 import (
+	"encoding/json"
 	"net"
 	"strings"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
@@ -113,8 +116,8 @@ func TestLoopbackBadInput(t *testing.T) {
 		code  uint
 	}{
 		{"malformed JSON", nil, `{"cniVersion":"1.0.0",`, 6},
-		{"missing cniVersion", nil, `{"name":"lo","type":"loopback"}`, 7},
-		{"unsupported version", nil, `{"cniVersion":"0.2.0","name":"lo","type":"loopback"}`, 1},
+		{"cniVersion not a string", nil, `{"cniVersion":1,"name":"lo","type":"loopback"}`, 6},
+		{"unsupported version", nil, `{"cniVersion":"0.5.0","name":"lo","type":"loopback"}`, 1},
 		{"container ID with slash", map[string]string{"CNI_CONTAINERID": "../etc"}, good, 4},
 		{"container ID dotdot", map[string]string{"CNI_CONTAINERID": ".."}, good, 4},
 		{"ifname too long", map[string]string{"CNI_IFNAME": "a234567890123456"}, good, 4},
@@ -147,4 +150,63 @@ func TestLoopbackBadInput(t *testing.T) {
 func snapshotPod(t *testing.T, pod ns.NetNS) string {
 	up, addrs := loState(t, pod)
 	return strings.Join(append(addrs, map[bool]string{true: "up", false: "down"}[up]), " ")
+}
+
+// TestLoopbackResultShape: loopback prints what the reference's prints at each
+// cniVersion. The reference builds a 1.x result labelled with the configuration's
+// version and prints it as such, so at 0.3.x and 0.4.0 its IP configs carry no
+// "version" (a 0.4.0 reader sees ""), and "dns" is left out; without cniVersion the
+// result is converted to 0.1.0 (ip4/ip6). Chained, it passes prevResult on as received.
+func TestLoopbackResultShape(t *testing.T) {
+	h := nstest.New(t)
+	pod := h.NewPod()
+	env := map[string]string{"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "lo", "CNI_NETNS": pod.Path()}
+	ips := `"ips":[{"address":"127.0.0.1/8","interface":0},{"address":"::1/128","interface":0}]`
+	iface := `"interfaces":[{"mac":"00:00:00:00:00:00","name":"lo","sandbox":"` + pod.Path() + `"}]`
+	for _, tc := range []struct{ name, conf, want string }{
+		{"0.3.1", `{"cniVersion":"0.3.1","name":"lo","type":"loopback"}`, `{"cniVersion":"0.3.1",` + iface + `,` + ips + `}`},
+		{"0.4.0", `{"cniVersion":"0.4.0","name":"lo","type":"loopback"}`, `{"cniVersion":"0.4.0",` + iface + `,` + ips + `}`},
+		{"0.2.0", `{"cniVersion":"0.2.0","name":"lo","type":"loopback"}`, `{"cniVersion":"0.2.0",` + iface + `,` + ips + `}`},
+		{"1.1.0", `{"cniVersion":"1.1.0","name":"lo","type":"loopback"}`, `{"cniVersion":"1.1.0",` + iface + `,` + ips + `}`},
+		{"no cniVersion", `{"name":"lo","type":"loopback"}`, `{"cniVersion":"0.1.0","dns":{},"ip4":{"ip":"127.0.0.1/8"},"ip6":{"ip":"::1/128"}}`},
+		{"chained at 0.4.0", `{"cniVersion":"0.4.0","name":"lo","type":"loopback","prevResult":{"cniVersion":"0.4.0","ips":[{"version":"4","address":"10.1.2.3/24"}]}}`,
+			`{"cniVersion":"0.4.0","dns":{},"ips":[{"version":"4","address":"10.1.2.3/24"}]}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, exit := h.Exec("loopback", env, tc.conf)
+			if exit != 0 {
+				t.Fatalf("exit %d: %s", exit, out)
+			}
+			var got, want any
+			if err := json.Unmarshal([]byte(out), &got); err != nil {
+				t.Fatalf("stdout is not JSON: %v: %s", err, out)
+			}
+			if err := json.Unmarshal([]byte(tc.want), &want); err != nil {
+				t.Fatal(err)
+			}
+			if d := cmp.Diff(want, got); d != "" {
+				t.Errorf("result (-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
+// TestLoopbackExtraAddresses: as the reference, the result holds lo's first address of
+// each family, and a non-loopback address on lo fails ADD.
+func TestLoopbackExtraAddresses(t *testing.T) {
+	h := nstest.New(t)
+	pod := h.NewPod()
+	env := map[string]string{"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "lo", "CNI_NETNS": pod.Path()}
+	conf := `{"cniVersion":"1.0.0","name":"lo","type":"loopback"}`
+	h.Run(pod, "ip", "link", "set", "lo", "up") // the kernel adds 127.0.0.1/8 first
+	h.Run(pod, "ip", "addr", "add", "127.0.0.2/8", "dev", "lo")
+	out, exit := h.Exec("loopback", env, conf)
+	if exit != 0 || strings.Contains(out, "127.0.0.2") || !strings.Contains(out, "127.0.0.1/8") {
+		t.Fatalf("with 127.0.0.2 on lo: exit %d, result %s; want 127.0.0.1/8 only", exit, out)
+	}
+	h.Run(pod, "ip", "addr", "add", "192.0.2.1/32", "dev", "lo")
+	out, exit = h.Exec("loopback", env, conf)
+	if exit == 0 || !strings.Contains(out, "non-loopback address 192.0.2.1/32") {
+		t.Fatalf("with 192.0.2.1 on lo: exit %d, stdout %s; want a failure naming the address", exit, out)
+	}
 }

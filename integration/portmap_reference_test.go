@@ -13,33 +13,9 @@ import (
 	"github.com/podwire/podwire/pkg/netfilter"
 )
 
-// pmReferenceVersion is the reference release podwire's portmap stays compatible with.
-const pmReferenceVersion = "v1.10.0"
-
-// pmReferencePortmap returns the reference portmap binary, installed with `go install`
-// from the module proxy into <repo>/.cache/reference-<version> (where make bench keeps
-// the whole reference set) when it is not there yet.
+// pmReferencePortmap returns the reference portmap binary.
 func pmReferencePortmap(t *testing.T) string {
-	t.Helper()
-	root, err := nstest.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(root, ".cache", "reference-"+pmReferenceVersion)
-	if d := os.Getenv("PODWIRE_BENCH_CACHE"); d != "" {
-		dir = filepath.Join(d, "reference-"+pmReferenceVersion)
-	}
-	bin := filepath.Join(dir, "portmap")
-	if _, err := os.Stat(bin); err == nil {
-		return bin
-	}
-	cmd := exec.Command("go", "install", "-trimpath", "-ldflags=-s -w",
-		"github.com/containernetworking/plugins/plugins/meta/portmap@"+pmReferenceVersion)
-	cmd.Env = append(os.Environ(), "GOBIN="+dir, "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("installing the reference portmap %s: %v\n%s", pmReferenceVersion, err, out)
-	}
-	return bin
+	return filepath.Join(referenceDir(t, "portmap"), "portmap")
 }
 
 // pmMixed returns two libcni clients sharing one result cache: one with podwire's

@@ -303,6 +303,10 @@ func sysctls(run func(string, ...string) (string, error)) (string, error) {
 	return strings.TrimSpace(out), err
 }
 
+// Leases is the lease-file section of a snapshot: every address file under dirs with
+// its content.
+func Leases(dirs ...string) (string, error) { return leases(dirs) }
+
 func leases(dirs []string) (string, error) {
 	var out []string
 	for _, d := range dirs {

@@ -90,6 +90,12 @@ func FuzzValidate(f *testing.F) {
 		if checkIfName(s) == "" && (len(s) > 15 || s == "" || s == "." || s == "..") {
 			t.Fatalf("checkIfName accepted %q", s)
 		}
-		_, _ = ParseArgs(s)
+		var a struct {
+			types.CommonArgs
+			IP types.UnmarshallableString
+		}
+		if err := LoadArgs("fuzz", s, &a); err != nil && Code(err) != CodeInvalidEnv {
+			t.Fatalf("LoadArgs(%q): %v, want code 4", s, err)
+		}
 	})
 }

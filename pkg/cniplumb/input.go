@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"slices"
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -27,6 +28,12 @@ type Input struct {
 	// PrevResult is the chained plugin's input converted to the 1.x result types, or
 	// nil when the configuration carries none.
 	PrevResult *current.Result
+	// Prev is the same prevResult as parsed at the configuration's cniVersion
+	// (types/020 below 0.3.0, types/040 up to 0.4.0, types/100 after), for a plugin
+	// that passes it on unchanged, as the reference's chained plugins do: returned from
+	// ADD, it is printed exactly as received, where PrevResult would go through a
+	// conversion to 1.x and back.
+	Prev types.Result
 	// ValidAttachments is cni.dev/valid-attachments, for GC.
 	ValidAttachments Owners
 }
@@ -73,6 +80,7 @@ func parseInput(cmd string, env func(string) string, stdin []byte) (*Input, erro
 		if err := version.ParsePrevResult(&in.Conf); err != nil {
 			return nil, DecodeError("prevResult", err)
 		}
+		in.Prev = in.Conf.PrevResult
 		res, err := current.NewResultFromResult(in.Conf.PrevResult)
 		if err != nil {
 			return nil, DecodeError("prevResult", fmt.Errorf("converting to CNI 1.x result: %w", err))
@@ -89,7 +97,8 @@ func parseInput(cmd string, env func(string) string, stdin []byte) (*Input, erro
 }
 
 // preflightConf checks what skel would otherwise reject with less helpful messages:
-// JSON syntax, the presence and support of cniVersion, and the network name.
+// JSON syntax, the support of cniVersion (none at all is 0.1.0, as skel and libcni read
+// it), and the network name.
 func preflightConf(stdin []byte, supported []string) error {
 	var c struct {
 		CNIVersion *string `json:"cniVersion"`
@@ -103,15 +112,11 @@ func preflightConf(stdin []byte, supported []string) error {
 		return DecodeError("network configuration", err)
 	}
 	if c.CNIVersion == nil || *c.CNIVersion == "" {
-		return ConfigError("cniVersion", "cniVersion is missing; set it to one of %v", supported)
-	}
-	ok := false
-	for _, v := range supported {
-		if v == *c.CNIVersion {
-			ok = true
+		if !slices.Contains(supported, "0.1.0") {
+			return types.NewError(CodeIncompatibleVersion, "incompatible CNI version",
+				fmt.Sprintf("the configuration has no cniVersion, which means 0.1.0; this plugin supports %v: set cniVersion to one of them", supported))
 		}
-	}
-	if !ok {
+	} else if !slices.Contains(supported, *c.CNIVersion) {
 		return types.NewError(CodeIncompatibleVersion, "incompatible CNI version",
 			fmt.Sprintf("cniVersion %q is not supported; this plugin supports %v", *c.CNIVersion, supported))
 	}

@@ -34,8 +34,14 @@ var BuildStamp string
 // systemd hosts, so nothing in it survives a reboot.
 var RunDir = "/run/podwire"
 
-// SupportedVersions are the CNI spec versions every podwire plugin speaks.
-var SupportedVersions = []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}
+// SupportedVersions are the cniVersions a podwire plugin accepts unless its Verbs
+// say otherwise: those of the CNI library's version.All, 0.1.0 to 1.1.0, as the
+// reference plugins accept. A configuration without cniVersion is 0.1.0, as skel and
+// libcni read it. A result at 0.1.0 or 0.2.0 is the library's types/020 (ip4, ip6,
+// dns: no interfaces), converted from the 1.x result as the reference's is. CHECK
+// needs 0.4.0 and GC and STATUS 1.1.0 whatever the plugin accepts (skel refuses them
+// below with code 1, as the spec says).
+var SupportedVersions = version.All.SupportedVersions()
 
 // Verbs are a plugin's implementations of the CNI operations. A nil Check, GC or
 // Status succeeds without doing anything; Add and Del are required.
@@ -45,6 +51,19 @@ type Verbs struct {
 	Check  func(ctx context.Context, in *Input) error
 	GC     func(ctx context.Context, in *Input) error
 	Status func(ctx context.Context, in *Input) error
+
+	// Versions are the cniVersions the plugin accepts, in ascending order; nil means
+	// SupportedVersions. A plugin whose reference counterpart accepts fewer (bandwidth:
+	// 0.3.0 and later) lists the same, so both refuse the same configurations.
+	Versions []string
+}
+
+// versions is what v accepts.
+func (v Verbs) versions() []string {
+	if v.Versions != nil {
+		return v.Versions
+	}
+	return SupportedVersions
 }
 
 // Main runs the plugin named name and exits. On failure it prints the CNI error as
@@ -62,7 +81,7 @@ func Main(name string, v Verbs) {
 
 func run(name string, v Verbs, env func(string) string) *types.Error {
 	cmd := env("CNI_COMMAND")
-	info := version.PluginSupports(SupportedVersions...)
+	info := version.PluginSupports(v.versions()...)
 	about := fmt.Sprintf("CNI plugin %s (podwire %s)", name, Version)
 	if BuildStamp != "" {
 		// Also keeps the stamp in every binary, where Delegator looks for it.
@@ -81,7 +100,7 @@ func run(name string, v Verbs, env func(string) string) *types.Error {
 		if len(stdin) > maxStdin {
 			return toCNIError(DecodeError("network configuration", fmt.Errorf("stdin is larger than %d bytes", maxStdin)))
 		}
-		if err := preflightConf(stdin, SupportedVersions); err != nil {
+		if err := preflightConf(stdin, v.versions()); err != nil {
 			return toCNIError(err)
 		}
 		// skel reads stdin itself; hand it the bytes we already consumed.
@@ -107,7 +126,7 @@ func run(name string, v Verbs, env func(string) string) *types.Error {
 				return fmt.Errorf("%s returned no result from ADD", name)
 			}
 			if err := types.PrintResult(res, in.Conf.CNIVersion); err != nil {
-				return fmt.Errorf("converting result to cniVersion %s: %w", in.Conf.CNIVersion, err)
+				return fmt.Errorf("converting result to cniVersion %q: %w", in.Conf.CNIVersion, err)
 			}
 			return nil
 		}),

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/google/go-cmp/cmp"
 )
 
 // testVerbs are the test plugin's: its ADD echoes prevResult or makes a result, and
@@ -32,11 +34,12 @@ var testVerbs = Verbs{
 		if c.Fail {
 			return nil, errors.New("plain failure")
 		}
-		if in.PrevResult != nil {
-			return in.PrevResult, nil
+		if in.Prev != nil {
+			return in.Prev, nil
 		}
 		return &current.Result{CNIVersion: current.ImplementedSpecVersion,
-			Interfaces: []*current.Interface{{Name: in.IfName, Sandbox: in.Netns}}}, nil
+			Interfaces: []*current.Interface{{Name: in.IfName, Sandbox: in.Netns}},
+			IPs:        []*current.IPConfig{{Interface: current.Int(0), Address: net.IPNet{IP: net.IPv4(10, 9, 8, 7).To4(), Mask: net.CIDRMask(24, 32)}}}}, nil
 	},
 	Del: func(context.Context, *Input) error { return nil },
 	Status: func(context.Context, *Input) error {
@@ -48,6 +51,9 @@ var testVerbs = Verbs{
 // tests below exercise the real exec path (exit status, stdout) without root.
 func TestMain(m *testing.M) {
 	if os.Getenv("PODWIRE_PLUMB_TEST") == "1" {
+		if vs := os.Getenv("PODWIRE_PLUMB_VERSIONS"); vs != "" {
+			testVerbs.Versions = strings.Split(vs, ",")
+		}
 		Main("plumbtest", testVerbs)
 		os.Exit(0)
 	}
@@ -102,8 +108,11 @@ func TestBadInput(t *testing.T) {
 	}{
 		{name: "malformed JSON", stdin: `{"cniVersion":`, wantCode: 6, wantText: "network configuration"},
 		{name: "empty stdin", stdin: ``, wantCode: 6, wantText: "stdin is empty"},
-		{name: "missing cniVersion", stdin: `{"name":"n","type":"t"}`, wantCode: 7, wantText: "cniVersion is missing"},
 		{name: "unsupported version", stdin: `{"cniVersion":"9.9.9","name":"n"}`, wantCode: 1, wantText: `"9.9.9" is not supported`},
+		{name: "version of another plugin", env: map[string]string{"PODWIRE_PLUMB_VERSIONS": "0.3.0,1.0.0"}, stdin: `{"cniVersion":"0.2.0","name":"n"}`, wantCode: 1, wantText: `"0.2.0" is not supported; this plugin supports [0.3.0 1.0.0]`},
+		{name: "no cniVersion where 0.1.0 is not supported", env: map[string]string{"PODWIRE_PLUMB_VERSIONS": "0.3.0,1.0.0"}, stdin: `{"name":"n"}`, wantCode: 1, wantText: "no cniVersion, which means 0.1.0"},
+		{name: "CHECK at 0.3.1", cmd: "CHECK", stdin: `{"cniVersion":"0.3.1","name":"n"}`, wantCode: 1, wantText: "CHECK"},
+		{name: "STATUS at 0.2.0", cmd: "STATUS", stdin: `{"cniVersion":"0.2.0","name":"n"}`, wantCode: 1, wantText: "STATUS"},
 		{name: "missing network name", stdin: `{"cniVersion":"1.0.0"}`, wantCode: 7, wantText: "network name is missing"},
 		{name: "network name with path", stdin: `{"cniVersion":"1.0.0","name":"../../etc"}`, wantCode: 7, wantText: `"../../etc"`},
 		{name: "container ID with slash", env: map[string]string{"CNI_CONTAINERID": "a/b"}, wantCode: 4, wantText: `"a/b" has '/'`},
@@ -181,6 +190,51 @@ func TestResultConvertedToCallerVersion(t *testing.T) {
 	}
 }
 
+// TestLegacyVersions: 0.1.0, 0.2.0 and a configuration without cniVersion (0.1.0) work
+// for every verb they allow, as in the reference plugins; their results are types/020.
+func TestLegacyVersions(t *testing.T) {
+	for _, tc := range []struct{ name, conf, want string }{
+		{"0.1.0", `{"cniVersion":"0.1.0","name":"n","type":"plumbtest"}`, `"cniVersion": "0.1.0"`},
+		{"0.2.0", `{"cniVersion":"0.2.0","name":"n","type":"plumbtest"}`, `"cniVersion": "0.2.0"`},
+		{"no cniVersion", `{"name":"n","type":"plumbtest"}`, `"cniVersion": "0.1.0"`},
+		{"empty cniVersion", `{"cniVersion":"","name":"n","type":"plumbtest"}`, `"cniVersion": "0.1.0"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := runPlugin(t, baseEnv("ADD"), tc.conf)
+			if r.exitCode != 0 || !strings.Contains(r.stdout, tc.want) || strings.Contains(r.stdout, "interfaces") {
+				t.Fatalf("ADD: exit %d, stdout %s, want a types/020 result with %s; stderr %s", r.exitCode, r.stdout, tc.want, r.stderr)
+			}
+			if r := runPlugin(t, baseEnv("DEL"), tc.conf); r.exitCode != 0 {
+				t.Fatalf("DEL: exit %d, stdout %s", r.exitCode, r.stdout)
+			}
+		})
+	}
+}
+
+// TestPrevResultAtLegacyVersion: a 0.2.0 prevResult reaches the verb as Prev, unchanged,
+// and as PrevResult in 1.x form.
+func TestPrevResultAtLegacyVersion(t *testing.T) {
+	conf := `{"cniVersion":"0.2.0","name":"n","type":"plumbtest","prevResult":{"cniVersion":"0.2.0",
+		"ip4":{"ip":"10.1.2.3/24","gateway":"10.1.2.1","routes":[{"dst":"0.0.0.0/0"}]}}}`
+	r := runPlugin(t, baseEnv("ADD"), conf)
+	if r.exitCode != 0 {
+		t.Fatalf("exit %d: %s %s", r.exitCode, r.stdout, r.stderr)
+	}
+	var got map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{"cniVersion": "0.2.0", "dns": map[string]any{},
+		"ip4": map[string]any{"ip": "10.1.2.3/24", "gateway": "10.1.2.1", "routes": []any{map[string]any{"dst": "0.0.0.0/0"}}}}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Fatalf("prevResult not passed through unchanged (-want +got):\n%s", d)
+	}
+	in, err := parseInput("ADD", func(string) string { return "" }, []byte(conf))
+	if err != nil || in.PrevResult == nil || len(in.PrevResult.IPs) != 1 || in.PrevResult.IPs[0].Address.String() != "10.1.2.3/24" {
+		t.Fatalf("PrevResult = %+v, %v", in.PrevResult, err)
+	}
+}
+
 func TestPrevResultPassedThrough(t *testing.T) {
 	conf := `{"cniVersion":"0.4.0","name":"n","type":"plumbtest","prevResult":{"cniVersion":"0.4.0",
 		"interfaces":[{"name":"eth0","sandbox":"/x"}],"ips":[{"version":"4","address":"10.1.2.3/24","interface":0}]}}`
@@ -233,12 +287,36 @@ func TestKernelName(t *testing.T) {
 	}
 }
 
-func TestParseArgs(t *testing.T) {
-	m, err := ParseArgs("IgnoreUnknown=1;IP=10.0.0.5;K8S_POD_NAME=x")
-	if err != nil || m["IP"] != "10.0.0.5" || m["IgnoreUnknown"] != "1" {
-		t.Fatalf("ParseArgs = %v, %v", m, err)
+func TestLoadArgs(t *testing.T) {
+	type macArgs struct {
+		types.CommonArgs
+		MAC types.UnmarshallableString
 	}
-	if _, err := ParseArgs("garbage"); Code(err) != 4 {
-		t.Fatalf("want code 4, got %v", err)
+	for _, tc := range []struct {
+		args, wantMAC string
+		ok            bool
+	}{
+		{"", "", true},
+		{"MAC=02:00:00:00:00:01", "02:00:00:00:00:01", true},
+		{"IgnoreUnknown=1;K8S_POD_NAME=p;MAC=02:00:00:00:00:01", "02:00:00:00:00:01", true},
+		{"K8S_POD_NAME=p;IgnoreUnknown=true", "", true},     // order does not matter
+		{"mac=02:00:00:00:00:01;IgnoreUnknown=1", "", true}, // keys are case-sensitive: mac is not MAC
+		{"mac=02:00:00:00:00:01", "", false},
+		{"K8S_POD_NAME=p", "", false},
+		{"ignoreunknown=1;K8S_POD_NAME=p", "", false},
+		{"IgnoreUnknown=yes", "", false},
+		{"garbage", "", false},
+		{"MAC=a=b", "", false},
+		{"MAC=02:00:00:00:00:01;", "", false}, // an empty entry
+		{"CommonArgs=x", "", false},           // a field, but not a value
+	} {
+		var a macArgs
+		err := LoadArgs("bridge", tc.args, &a)
+		if (err == nil) != tc.ok || (tc.ok && string(a.MAC) != tc.wantMAC) {
+			t.Errorf("LoadArgs(%q) = MAC %q, %v; want MAC %q, ok=%v", tc.args, a.MAC, err, tc.wantMAC, tc.ok)
+		}
+		if err != nil && (Code(err) != 4 || !strings.Contains(err.Error(), "bridge reads IgnoreUnknown, MAC")) {
+			t.Errorf("LoadArgs(%q): %v; want code 4 naming the keys bridge reads", tc.args, err)
+		}
 	}
 }

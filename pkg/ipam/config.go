@@ -123,6 +123,51 @@ func parseDataDir(d string) (string, error) {
 	return filepath.Clean(d), nil
 }
 
+// EnvArgs are the CNI_ARGS host-local reads, the reference's IPAMEnvArgs: one
+// address (IP=10.1.2.7 or IP=10.1.2.7/24; case matters) and IgnoreUnknown.
+type EnvArgs struct {
+	types.CommonArgs
+	IP ArgIP
+}
+
+// ArgIP is an address with an optional prefix length, parsed exactly as the reference's
+// ip.IP (containernetworking/plugins/pkg/ip, which would link that module's netlink and
+// nftables dependencies into host-local): "" is none, "a/n" must be a valid CIDR (its
+// address is the one asked for, host bits and all), anything else net.ParseIP.
+type ArgIP struct{ IP net.IP }
+
+// UnmarshalText implements encoding.TextUnmarshaler for types.LoadArgs.
+func (a *ArgIP) UnmarshalText(b []byte) error {
+	s := string(b)
+	switch {
+	case s == "":
+		a.IP = nil
+	case strings.Contains(s, "/"):
+		ip, _, err := net.ParseCIDR(s)
+		if err != nil {
+			return fmt.Errorf("invalid IP address %s", s)
+		}
+		a.IP = ip
+	default:
+		if a.IP = net.ParseIP(s); a.IP == nil {
+			return fmt.Errorf("invalid IP address %s", s)
+		}
+	}
+	return nil
+}
+
+// ToIP is the address in its shortest form, or nil.
+func (a ArgIP) ToIP() net.IP { return canonical(a.IP) }
+
+// LoadEnvArgs parses CNI_ARGS as the reference's host-local does on every verb
+// (cniplumb.LoadArgs): an unknown key without IgnoreUnknown=1, a malformed entry or an
+// IP= that is not an address is a code-4 error.
+func LoadEnvArgs(cniArgs string) (EnvArgs, error) {
+	var a EnvArgs
+	err := cniplumb.LoadArgs("host-local", cniArgs, &a)
+	return a, err
+}
+
 // ParseConf parses and validates the whole configuration (stdin) and the requested
 // addresses in cniArgs (CNI_ARGS). Every problem with a key is a code-7 error whose
 // message names the key, e.g. "ipam.ranges[0][1].gateway"; malformed JSON is code 6
@@ -291,14 +336,12 @@ func parseRange(key string, rr rawRange) (Range, error) {
 func (c *Conf) parseRequests(n *rawNet, cniArgs string) error {
 	type req struct{ v, source, key string }
 	var reqs []req
-	args, err := cniplumb.ParseArgs(cniArgs)
+	args, err := LoadEnvArgs(cniArgs)
 	if err != nil {
 		return err
 	}
-	if v, ok := args["IP"]; ok && v != "" {
-		for _, s := range strings.Split(v, ",") {
-			reqs = append(reqs, req{s, "CNI_ARGS IP", "CNI_ARGS"})
-		}
+	if ip := args.IP.ToIP(); ip != nil {
+		reqs = append(reqs, req{ip.String(), "CNI_ARGS IP", "CNI_ARGS"})
 	}
 	if n.Args != nil && n.Args.CNI != nil {
 		for _, s := range n.Args.CNI.IPs {

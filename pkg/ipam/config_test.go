@@ -87,7 +87,7 @@ set 0: subnet=10.1.3.0/24 start=10.1.3.1 end=10.1.3.254 gw=10.1.3.9
 		},
 		{
 			name:  "requested addresses from all three sources",
-			args:  "IgnoreUnknown=1;K8S_POD_NAME=p;IP=10.1.2.7/24",
+			args:  "IgnoreUnknown=1;K8S_POD_NAME=p;ip=10.1.2.9;IP=10.1.2.7/24",
 			stdin: conf(`{"ranges":[[{"subnet":"10.1.2.0/24"}],[{"subnet":"fd00::/64"}]]}`, `"args":{"cni":{"ips":["10.1.2.7"]}}`, `"runtimeConfig":{"ips":["fd00::7/64"]}`),
 			want: `network=net1 dataDir=/var/lib/cni/networks resolvConf=""
 set 0: subnet=10.1.2.0/24 start=10.1.2.1 end=10.1.2.254 gw=10.1.2.1
@@ -146,7 +146,11 @@ func TestParseConfErrors(t *testing.T) {
 		{"ipRanges bad subnet", conf(`{}`, `"runtimeConfig":{"ipRanges":[[{"subnet":"nope"}]]}`), "", 7, []string{"runtimeConfig.ipRanges[0][0].subnet"}},
 		{"relative dataDir", conf(`{"dataDir":"leases","ranges":[[{"subnet":"10.0.0.0/24"}]]}`), "", 7, []string{"ipam.dataDir", "not an absolute path"}},
 		{"route without dst", conf(`{"routes":[{"gw":"10.0.0.1"}],"ranges":[[{"subnet":"10.0.0.0/24"}]]}`), "", 7, []string{"ipam.routes[0].dst"}},
-		{"CNI_ARGS IP garbage", r(`{"subnet":"10.0.0.0/24"}`), "IP=banana", 4, []string{"CNI_ARGS", `"banana" is not an IP`}},
+		{"CNI_ARGS IP garbage", r(`{"subnet":"10.0.0.0/24"}`), "IP=banana", 4, []string{"CNI_ARGS", "invalid IP address banana"}},
+		{"CNI_ARGS ip= in lower case", r(`{"subnet":"10.0.0.0/24"}`), "ip=10.0.0.5", 4, []string{"CNI_ARGS", "unknown args", "host-local reads IgnoreUnknown, IP"}},
+		{"CNI_ARGS unknown key", r(`{"subnet":"10.0.0.0/24"}`), "K8S_POD_NAME=p", 4, []string{"CNI_ARGS", "unknown args"}},
+		{"CNI_ARGS two addresses", r(`{"subnet":"10.0.0.0/24"}`), "IP=10.0.0.5,10.0.0.6", 4, []string{"CNI_ARGS", "invalid IP address 10.0.0.5,10.0.0.6"}},
+		{"CNI_ARGS IP outside", r(`{"subnet":"10.0.0.0/24"}`), "IP=10.9.0.5", 4, []string{"CNI_ARGS", "IP=10.9.0.5 is not in any configured range"}},
 		{"CNI_ARGS not key=value", r(`{"subnet":"10.0.0.0/24"}`), "IP", 4, []string{"CNI_ARGS"}},
 		{"requested outside every range", r(`{"subnet":"10.0.0.0/24","rangeEnd":"10.0.0.99"}`), "IP=10.0.0.100", 4, []string{"10.0.0.100 is not in any configured range (10.0.0.1-10.0.0.99)"}},
 		{"requested gateway", conf(`{"ranges":[[{"subnet":"10.0.0.0/24"}]]}`, `"runtimeConfig":{"ips":["10.0.0.1"]}`), "", 7, []string{"invalid runtimeConfig.ips", "gateway"}},

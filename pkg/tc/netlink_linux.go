@@ -99,6 +99,9 @@ func (n *Netlink) ensureIFB(p Plan, undo *cleanup.Stack) (netlink.Link, error) {
 	case isNotFound(err):
 		attrs := netlink.NewLinkAttrs()
 		attrs.Name, attrs.MTU, attrs.Alias = p.IFB, p.MTU, p.Alias
+		// txqueuelen 0, as the reference's IFB (the kernel's default is 32). The root
+		// TBF, with its own byte limit, does the queueing.
+		attrs.TxQLen = 0
 		if err := n.h.LinkAdd(&netlink.Ifb{LinkAttrs: attrs}); err != nil {
 			return nil, fmt.Errorf("creating IFB %s: %w", p.IFB, err)
 		}

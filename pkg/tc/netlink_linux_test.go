@@ -140,6 +140,10 @@ func TestNetlinkLifecycle(t *testing.T) {
 		if !strings.Contains(q, "qdisc tbf 1: root") || !strings.Contains(q, "rate 20Mbit") {
 			t.Errorf("IFB TBF missing:\n%s", q)
 		}
+		// The reference's IFB has txqueuelen 0 (the kernel's IFB default is 32).
+		if l, err := netlink.LinkByName("pwbtest0"); err != nil || l.Attrs().TxQLen != 0 {
+			t.Errorf("IFB txqueuelen: %v, %v; want 0, as the reference's", l, err)
+		}
 
 		// A changed request updates in place.
 		p2 := testPlan(t, 50_000_000, 5_000_000)

@@ -69,11 +69,15 @@ func del(ctx context.Context, in *cniplumb.Input) error {
 // (so it works even when the ranges were changed or broken after ADD); nil when the
 // network never had a lease, which is nothing to do. A relative dataDir, which ADD
 // refuses, is taken relative to the working directory as the reference takes it, with
-// a warning on stderr.
+// a warning on stderr. CNI_ARGS are checked as on ADD: the reference refuses DEL and
+// GC with CNI_ARGS it would refuse on ADD.
 func existingStore(in *cniplumb.Input) (*ipam.StoreConf, *disk.Store, error) {
 	wd, _ := os.Getwd()
 	sc, err := ipam.ParseStoreConf(in.Stdin, wd)
 	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := ipam.LoadEnvArgs(in.Args); err != nil {
 		return nil, nil, err
 	}
 	if sc.Relative != "" {

@@ -46,6 +46,13 @@ type netConf struct {
 	} `json:"runtimeConfig,omitempty"`
 }
 
+// envArgs are the CNI_ARGS bridge reads, the reference's MacEnvArgs: MAC= (case
+// matters) and IgnoreUnknown; see cniplumb.LoadArgs.
+type envArgs struct {
+	types.CommonArgs
+	MAC types.UnmarshallableString
+}
+
 type vlanTrunk struct {
 	MinID *int `json:"minID,omitempty"`
 	MaxID *int `json:"maxID,omitempty"`
@@ -111,8 +118,13 @@ func parse(stdin []byte, args string, wantMAC bool) (*conf, error) {
 			return nil, err
 		}
 	}
+	// Every verb, as the reference's loadNetConf does for ADD, DEL and CHECK.
+	var ea envArgs
+	if err := cniplumb.LoadArgs("bridge", args, &ea); err != nil {
+		return nil, err
+	}
 	if wantMAC {
-		if c.MAC, err = pickMAC(n, args); err != nil {
+		if c.MAC, err = pickMAC(n, string(ea.MAC)); err != nil {
 			return nil, err
 		}
 	}
@@ -176,20 +188,12 @@ func parseTeardown(stdin []byte) (*teardownConf, []error, error) {
 	return t, warnings, errors.Join(errs...)
 }
 
-// pickMAC applies the reference's precedence: CNI_ARGS MAC=, then args.cni.mac, then
-// the "mac" capability (runtimeConfig.mac) wins.
-func pickMAC(n *netConf, args string) (net.HardwareAddr, error) {
+// pickMAC applies the reference's precedence: CNI_ARGS MAC= (argsMAC), then
+// args.cni.mac, then the "mac" capability (runtimeConfig.mac) wins.
+func pickMAC(n *netConf, argsMAC string) (net.HardwareAddr, error) {
 	key, mac := "", ""
-	if args != "" {
-		kv, err := cniplumb.ParseArgs(args)
-		if err != nil {
-			return nil, err
-		}
-		for k, v := range kv {
-			if strings.EqualFold(k, "MAC") && v != "" {
-				key, mac = "CNI_ARGS MAC", v
-			}
-		}
+	if argsMAC != "" {
+		key, mac = "CNI_ARGS MAC", argsMAC
 	}
 	if n.Args.Cni.Mac != "" {
 		key, mac = "args.cni.mac", n.Args.Cni.Mac

@@ -51,6 +51,7 @@ func TestParseMAC(t *testing.T) {
 		{"none", "", "", ""},
 		{"CNI_ARGS", "", "IgnoreUnknown=1;MAC=02:00:00:00:00:01", "02:00:00:00:00:01"},
 		{"args.cni.mac beats CNI_ARGS", `"args":{"cni":{"mac":"02:00:00:00:00:02"}}`, "MAC=02:00:00:00:00:01", "02:00:00:00:00:02"},
+		{"lower-case mac= is not MAC", "", "IgnoreUnknown=1;mac=02:00:00:00:00:01", ""},
 		{"runtimeConfig beats all", `"args":{"cni":{"mac":"02:00:00:00:00:02"}},"runtimeConfig":{"mac":"02:00:00:00:00:03"}`, "MAC=02:00:00:00:00:01", "02:00:00:00:00:03"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -142,7 +143,10 @@ func TestParseErrors(t *testing.T) {
 		{"bad MAC in CNI_ARGS", "", "MAC=zz", 7, `"zz" is not a MAC address`},
 		{"bad MAC in args", `"args":{"cni":{"mac":"1:2:3"}}`, "", 7, "args.cni.mac"},
 		{"EUI-64 MAC", `"runtimeConfig":{"mac":"02:00:00:00:00:00:00:01"}`, "", 7, "runtimeConfig.mac"},
-		{"malformed CNI_ARGS", "", "garbage", 4, "not KEY=VALUE"},
+		{"malformed CNI_ARGS", "", "garbage", 4, `invalid pair "garbage"`},
+		{"lower-case mac= without IgnoreUnknown", "", "mac=02:00:00:00:00:01", 4, "unknown args"},
+		{"unknown CNI_ARGS key", "", "K8S_POD_NAME=p", 4, "bridge reads IgnoreUnknown, MAC"},
+		{"empty CNI_ARGS entry", "", "MAC=02:00:00:00:00:01;", 4, `invalid pair ""`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := parseConf(conf1(tc.conf), tc.args)

@@ -243,17 +243,22 @@ func writeVeth(b *strings.Builder, what string, v link.VethSpec) {
 // addrPlan is what ADD does with an IPAM result: the pod's addresses and routes, the
 // gateway addresses the bridge (or VLAN gateway interface) gets, and the masquerade.
 type addrPlan struct {
-	IPs      []*current.IPConfig
-	Routes   []*types.Route
-	Gateways []net.IPNet // gateway address with the subnet's mask
-	Families netfilter.Families
-	Masq     *netfilter.MasqPlan // nil without ipMasq
+	IPs    []*current.IPConfig
+	Routes []*types.Route // the pod's kernel routes
+	// ResultRoutes are the routes the result reports: IPAM's as it gave them (a route
+	// without "gw" stays without, as in the reference's result) and the default routes
+	// isDefaultGateway adds.
+	ResultRoutes []*types.Route
+	Gateways     []net.IPNet // gateway address with the subnet's mask
+	Families     netfilter.Families
+	Masq         *netfilter.MasqPlan // nil without ipMasq
 }
 
 // planAddresses is pure. It fills in missing gateways (the subnet's first address,
-// when isGateway), sends IPAM routes without "gw" through their family's gateway, adds
-// a default route per family via the gateway (isDefaultGateway, unless IPAM already
-// gave one), and points every address at the pod interface.
+// when isGateway), sends IPAM routes without "gw" through their family's gateway in the
+// kernel (the result reports them as IPAM gave them, as the reference's does), adds a
+// default route per family via the gateway (isDefaultGateway, unless IPAM already gave
+// one), and points every address at the pod interface.
 func planAddresses(c *conf, owner netfilter.Owner, ipam *current.Result) (*addrPlan, error) {
 	if len(ipam.IPs) == 0 {
 		return nil, fmt.Errorf("IPAM plugin %q returned no IP address; check its configuration (ranges/subnet)", c.IPAMType)
@@ -305,11 +310,13 @@ func planAddresses(c *conf, owner netfilter.Owner, ipam *current.Result) (*addrP
 			hasDefault[fam] = true
 		}
 		p.Routes = append(p.Routes, &rc)
+		p.ResultRoutes = append(p.ResultRoutes, r)
 	}
 	if c.raw.IsDefaultGateway {
 		for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
 			if gw := familyGW[fam]; gw != nil && !hasDefault[fam] {
 				p.Routes = append(p.Routes, &types.Route{Dst: defaultNet(fam), GW: gw})
+				p.ResultRoutes = append(p.ResultRoutes, &types.Route{Dst: defaultNet(fam), GW: gw})
 			}
 		}
 	}
@@ -352,7 +359,7 @@ func firstAddress(n net.IPNet) net.IP {
 func buildResult(c *conf, ifs []*current.Interface, ap *addrPlan, ipamDNS types.DNS) *current.Result {
 	r := &current.Result{CNIVersion: current.ImplementedSpecVersion, Interfaces: ifs}
 	if ap != nil {
-		r.IPs, r.Routes, r.DNS = ap.IPs, ap.Routes, ipamDNS
+		r.IPs, r.Routes, r.DNS = ap.IPs, ap.ResultRoutes, ipamDNS
 	}
 	if d := c.raw.DNS; d.Nameservers != nil || d.Search != nil || d.Options != nil || d.Domain != "" {
 		r.DNS = d

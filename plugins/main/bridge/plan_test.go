@@ -31,6 +31,9 @@ func render(p *addrPlan) string {
 	for _, r := range p.Routes {
 		fmt.Fprintf(&b, "route %s via %v\n", r.Dst.String(), r.GW)
 	}
+	for _, r := range p.ResultRoutes {
+		fmt.Fprintf(&b, "result route %s gw %v\n", r.Dst.String(), r.GW)
+	}
 	for _, g := range p.Gateways {
 		fmt.Fprintf(&b, "gateway %s\n", g.String())
 	}
@@ -55,18 +58,22 @@ func TestPlanAddresses(t *testing.T) {
 			want: "ip 10.0.0.5/24 gw 10.0.0.1 if 2\ngateway 10.0.0.1/24\n"},
 		{name: "IPAM gateway kept, default route added", conf: `"isDefaultGateway":true`,
 			ipam: &current.Result{IPs: []*current.IPConfig{ipc("10.0.0.5/24", "10.0.0.254"), ipc("fd00::5/64", "")}},
-			want: "ip 10.0.0.5/24 gw 10.0.0.254 if 2\nip fd00::5/64 gw fd00::1 if 2\nroute 0.0.0.0/0 via 10.0.0.254\nroute ::/0 via fd00::1\ngateway 10.0.0.254/24\ngateway fd00::1/64\n"},
+			want: "ip 10.0.0.5/24 gw 10.0.0.254 if 2\nip fd00::5/64 gw fd00::1 if 2\nroute 0.0.0.0/0 via 10.0.0.254\nroute ::/0 via fd00::1\n" +
+				"result route 0.0.0.0/0 gw 10.0.0.254\nresult route ::/0 gw fd00::1\ngateway 10.0.0.254/24\ngateway fd00::1/64\n"},
 		{name: "IPAM default route wins", conf: `"isDefaultGateway":true`,
 			ipam: &current.Result{IPs: []*current.IPConfig{ipc("10.0.0.5/24", "")},
 				Routes: []*types.Route{{Dst: net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, GW: net.ParseIP("10.0.0.9")}}},
-			want: "ip 10.0.0.5/24 gw 10.0.0.1 if 2\nroute 0.0.0.0/0 via 10.0.0.9\ngateway 10.0.0.1/24\n"},
+			want: "ip 10.0.0.5/24 gw 10.0.0.1 if 2\nroute 0.0.0.0/0 via 10.0.0.9\nresult route 0.0.0.0/0 gw 10.0.0.9\ngateway 10.0.0.1/24\n"},
 		{name: "gateway-less IPAM routes go via the gateway; no second default", conf: `"isGateway":true,"isDefaultGateway":true`,
 			ipam: &current.Result{IPs: []*current.IPConfig{ipc("10.0.0.5/24", "")},
 				Routes: []*types.Route{
 					{Dst: net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}},
 					{Dst: net.IPNet{IP: net.ParseIP("10.9.0.0").To4(), Mask: net.CIDRMask(16, 32)}},
 					{Dst: net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}}}},
-			want: "ip 10.0.0.5/24 gw 10.0.0.1 if 2\nroute 0.0.0.0/0 via 10.0.0.1\nroute 10.9.0.0/16 via 10.0.0.1\nroute ::/0 via <nil>\ngateway 10.0.0.1/24\n"},
+			want: "ip 10.0.0.5/24 gw 10.0.0.1 if 2\nroute 0.0.0.0/0 via 10.0.0.1\nroute 10.9.0.0/16 via 10.0.0.1\nroute ::/0 via <nil>\n" +
+				// The result keeps IPAM's routes as they came, as the reference's does: only
+				// the kernel routes get the family's gateway.
+				"result route 0.0.0.0/0 gw <nil>\nresult route 10.9.0.0/16 gw <nil>\nresult route ::/0 gw <nil>\ngateway 10.0.0.1/24\n"},
 		{name: "ipMasq plans every address with its subnet", conf: `"ipMasq":true`,
 			ipam: &current.Result{IPs: []*current.IPConfig{ipc("10.0.0.5/24", ""), ipc("fd00::5/64", "")}},
 			want: "ip 10.0.0.5/24 gw <nil> if 2\nip fd00::5/64 gw <nil> if 2\n" +

@@ -17,10 +17,17 @@ import (
 
 const loName = "lo"
 
-// add brings lo up and reports its loopback addresses. As a chained plugin (with
+// add brings lo up and reports its first IPv4 and first IPv6 address, refusing a
+// non-loopback address on lo, as the reference does. As a chained plugin (with
 // prevResult) it passes prevResult through unchanged, as the reference does.
+//
+// The result is what the reference prints: a 1.x result labelled with the
+// configuration's cniVersion, which printing at that version leaves as it is. So at
+// 0.2.0 to 0.4.0 it keeps the 1.x shape (IP configs without "version", no "dns"),
+// where converting to those versions would add them; without cniVersion (a 1.1.0
+// label then) it is converted to 0.1.0.
 func add(_ context.Context, in *cniplumb.Input) (types.Result, error) {
-	var addrs []netlink.Addr
+	var first []net.IPNet // the first address of each family, as the reference reports
 	err := ns.WithNetNSPath(in.Netns, func(ns.NetNS) error {
 		lo, err := netlinksafe.LinkByName(loName)
 		if err != nil {
@@ -29,30 +36,34 @@ func add(_ context.Context, in *cniplumb.Input) (types.Result, error) {
 		if err := netlink.LinkSetUp(lo); err != nil {
 			return fmt.Errorf("bringing %s up: %w", loName, err)
 		}
-		addrs, err = netlinksafe.AddrList(lo, netlink.FAMILY_ALL)
-		if err != nil {
-			return fmt.Errorf("listing %s addresses: %w", loName, err)
+		for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+			addrs, err := netlinksafe.AddrList(lo, fam)
+			if err != nil {
+				return fmt.Errorf("listing %s addresses: %w", loName, err)
+			}
+			for _, a := range addrs {
+				if !a.IP.IsLoopback() {
+					return fmt.Errorf("%s has the non-loopback address %s, which the reference loopback refuses too: remove it from %s (or do not run loopback in this namespace)", loName, a.IPNet, loName)
+				}
+			}
+			if len(addrs) > 0 {
+				first = append(first, *addrs[0].IPNet)
+			}
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("in network namespace %s: %w", in.Netns, err)
 	}
-	if in.PrevResult != nil {
-		return in.PrevResult, nil
+	if in.Prev != nil {
+		return in.Prev, nil
 	}
 	res := &current.Result{
-		CNIVersion: current.ImplementedSpecVersion,
+		CNIVersion: in.Conf.CNIVersion,
 		Interfaces: []*current.Interface{{Name: loName, Mac: "00:00:00:00:00:00", Sandbox: in.Netns}},
 	}
-	for _, a := range addrs {
-		if a.IPNet == nil || !a.IP.IsLoopback() {
-			continue
-		}
-		res.IPs = append(res.IPs, &current.IPConfig{
-			Interface: current.Int(0),
-			Address:   net.IPNet{IP: a.IP, Mask: a.Mask},
-		})
+	for _, a := range first {
+		res.IPs = append(res.IPs, &current.IPConfig{Interface: current.Int(0), Address: a})
 	}
 	return res, nil
 }

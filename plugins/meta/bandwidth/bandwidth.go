@@ -24,7 +24,8 @@ type shaper struct {
 }
 
 // add shapes the attachment and passes prevResult on, with the IFB appended to its
-// interfaces as the reference does. Without a bandwidth request it touches nothing.
+// interfaces as the reference does. Without a bandwidth request it touches nothing and
+// passes prevResult on as received (in.Prev), as the reference does.
 func (s *shaper) add(ctx context.Context, in *cniplumb.Input) (types.Result, error) {
 	req, err := parseConf(in.Stdin)
 	if err != nil {
@@ -35,7 +36,7 @@ func (s *shaper) add(ctx context.Context, in *cniplumb.Input) (types.Result, err
 		return nil, err
 	}
 	if req.Empty() {
-		return prev, nil
+		return in.Prev, nil
 	}
 	plan, err := s.plan(ctx, in, req)
 	if err != nil {

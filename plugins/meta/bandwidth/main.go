@@ -4,10 +4,17 @@
 package main
 
 import (
+	"github.com/containernetworking/cni/pkg/version"
+
 	"github.com/podwire/podwire/pkg/cniplumb"
 	"github.com/podwire/podwire/pkg/link"
 	"github.com/podwire/podwire/pkg/tc"
 )
+
+// sinceV030 are the cniVersions bandwidth accepts: from 0.3.0, as the reference's
+// bandwidth (version.VersionsStartingFrom("0.3.0")), where the other plugins accept
+// 0.1.0 and 0.2.0 too.
+var sinceV030 = version.VersionsStartingFrom("0.3.0").SupportedVersions()
 
 func main() {
 	link.RunDeleteChild() // DEL's IFB deletion (link.DeleteOffExit)
@@ -15,5 +22,6 @@ func main() {
 	// wherever podwire has not switched a locked thread.
 	deleteIFB := func(name string) error { return link.DeleteOffExit("", name) }
 	s := &shaper{tc: tc.NewNetlink(nil).WithLinkDelete(deleteIFB), hostVeth: findHostVeth, probe: tc.Probe}
-	cniplumb.Main("bandwidth", cniplumb.Verbs{Add: s.add, Del: s.del, Check: s.check, GC: s.gc, Status: s.status})
+	cniplumb.Main("bandwidth", cniplumb.Verbs{Add: s.add, Del: s.del, Check: s.check, GC: s.gc, Status: s.status,
+		Versions: sinceV030})
 }

@@ -77,6 +77,7 @@ func input(cmd, netns, ifName, bw string) *cniplumb.Input {
 		{Name: "veth-" + netns, Mac: "02:00:00:00:00:01"},
 		{Name: ifName, Mac: "02:00:00:00:00:02", Sandbox: in.Netns},
 	}}
+	in.Prev = in.PrevResult // as parsed at 1.0.0 (cniplumb sets both)
 	return in
 }
 
@@ -165,7 +166,7 @@ func TestVerbsErrors(t *testing.T) {
 		t.Errorf("negative rate: %v", err)
 	}
 	in := input("ADD", "p1", "eth0", bw10)
-	in.PrevResult = nil
+	in.PrevResult, in.Prev = nil, nil
 	if _, err := w.s.add(ctx, in); cniplumb.Code(err) != cniplumb.CodeInvalidConfig {
 		t.Errorf("without prevResult: %v", err)
 	}

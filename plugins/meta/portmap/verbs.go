@@ -37,8 +37,9 @@ type localnetUsers interface {
 	release(iface string, id netfilter.OwnerID) error
 }
 
-// add installs the attachment's host ports and passes prevResult through. Without
-// portMappings it touches neither the firewall nor the disk.
+// add installs the attachment's host ports and passes prevResult through as received
+// (in.Prev), as the reference does. Without portMappings it touches neither the
+// firewall nor the disk.
 func (pm *portmap) add(ctx context.Context, in *cniplumb.Input) (_ types.Result, err error) {
 	conf, err := parseConf(in.Stdin)
 	if err != nil {
@@ -49,7 +50,7 @@ func (pm *portmap) add(ctx context.Context, in *cniplumb.Input) (_ types.Result,
 		return nil, err
 	}
 	if len(conf.Mappings) == 0 {
-		return res, nil
+		return in.Prev, nil
 	}
 	owner := in.Owner()
 	plan, err := planHostPorts(conf, owner, res, in.IfName)
@@ -57,7 +58,7 @@ func (pm *portmap) add(ctx context.Context, in *cniplumb.Input) (_ types.Result,
 		return nil, err
 	}
 	if plan.Empty() {
-		return res, nil
+		return in.Prev, nil
 	}
 	fw, kind, err := pm.open(conf.Backend)
 	if err != nil {
@@ -115,7 +116,7 @@ func (pm *portmap) add(ctx context.Context, in *cniplumb.Input) (_ types.Result,
 	// Flush only after the DNAT exists: flushing first lets a packet in between
 	// re-create the very entry removed.
 	pm.flush(m)
-	return res, nil
+	return in.Prev, nil
 }
 
 // localnetIface is the interface whose route_localnet the plan needs: the one routing

@@ -105,6 +105,9 @@ func input(cmd string, o cniplumb.Owner, extra, mappings string, res *current.Re
 	conf += "}"
 	in := &cniplumb.Input{Command: cmd, ContainerID: o.ContainerID, IfName: o.IfName, Netns: "/var/run/netns/p",
 		Stdin: []byte(conf), Conf: types.PluginConf{CNIVersion: "1.1.0", Name: o.Network, Type: "portmap"}, PrevResult: res}
+	if res != nil {
+		in.Prev = res // as parsed at 1.1.0 (cniplumb sets both)
+	}
 	return in
 }
 
