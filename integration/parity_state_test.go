@@ -141,7 +141,7 @@ type normalizer struct {
 }
 
 var (
-	vethNameRe  = regexp.MustCompile(`\bveth[0-9a-f]{8}\b`)
+	vethNameRe  = regexp.MustCompile(`\bveth(?:[0-9a-f]{8}|[0-9a-f]{11})\b`)
 	macRe       = regexp.MustCompile(`\b[0-9a-f]{1,2}(?::[0-9a-f]{1,2}){5}\b`)
 	linkLocalRe = regexp.MustCompile(`\bfe80::[0-9a-f]+(?::[0-9a-f]+)*`)
 	peerIndexRe = regexp.MustCompile(`@if\d+\b`)

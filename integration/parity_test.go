@@ -179,6 +179,18 @@ func TestParity(t *testing.T) {
 					t.Logf("podwire rejects it, the reference does not: %s", reason)
 					return
 				}
+				if ref.addFailed && ours.addFailed {
+					// DEL of an attachment whose ADD both refused (CNI_ARGS ADD refuses):
+					// the reference's DEL refuses them too, podwire's goes on with a
+					// warning, since a DEL must never refuse to tear down (bridge and
+					// host-local READMEs). The verdicts differ by design.
+					for i, st := range ours.steps {
+						if st == "DEL ok=true" && i < len(ref.steps) && ref.steps[i] == "DEL ok=false" {
+							ours.steps[i] = ref.steps[i]
+							t.Logf("podwire's DEL %d goes on where the reference's refuses the CNI_ARGS", i)
+						}
+					}
+				}
 				compareParity(t, "reference", "podwire", ref, ours)
 				if ref.addFailed || ours.addFailed {
 					return // nothing was made that DEL could leave behind or a swap could delete

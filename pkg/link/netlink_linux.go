@@ -102,11 +102,13 @@ func (b *Netlink) EnsureBridge(_ context.Context, s BridgeSpec) (Bridge, error) 
 	return Bridge{Name: s.Name, Index: br.Index, MAC: br.HardwareAddr, Created: created, DefaultPVID: pvid}, nil
 }
 
-// createBridge creates the bridge of s with its MAC; it reports false when another
-// process created a device of that name first (EEXIST), which the caller then checks.
+// createBridge creates the bridge of s; it reports false when another process created
+// a device of that name first (EEXIST), which the caller then checks. As the
+// reference's, the bridge gets no MAC of its own (the kernel gives it the lowest of its
+// ports' until one is set; PinBridgeMAC sets one where the reference does).
 func createBridge(s BridgeSpec) (bool, error) {
 	attrs := netlink.NewLinkAttrs()
-	attrs.Name, attrs.MTU, attrs.HardwareAddr = s.Name, s.MTU, s.MAC
+	attrs.Name, attrs.MTU = s.Name, s.MTU
 	br := &netlink.Bridge{LinkAttrs: attrs}
 	if s.VlanFiltering {
 		on := true

@@ -69,8 +69,8 @@ func del(ctx context.Context, in *cniplumb.Input) error {
 // (so it works even when the ranges were changed or broken after ADD); nil when the
 // network never had a lease, which is nothing to do. A relative dataDir, which ADD
 // refuses, is taken relative to the working directory as the reference takes it, with
-// a warning on stderr. CNI_ARGS are checked as on ADD: the reference refuses DEL and
-// GC with CNI_ARGS it would refuse on ADD.
+// a warning on stderr, and so do CNI_ARGS that ADD would refuse (the reference's DEL
+// refuses them).
 func existingStore(in *cniplumb.Input) (*ipam.StoreConf, *disk.Store, error) {
 	wd, _ := os.Getwd()
 	sc, err := ipam.ParseStoreConf(in.Stdin, wd)
@@ -78,7 +78,9 @@ func existingStore(in *cniplumb.Input) (*ipam.StoreConf, *disk.Store, error) {
 		return nil, nil, err
 	}
 	if _, err := ipam.LoadEnvArgs(in.Args); err != nil {
-		return nil, nil, err
+		// The reference's DEL refuses here; a DEL that refuses to release a lease
+		// loses the address, so it goes on and says why.
+		fmt.Fprintf(os.Stderr, "host-local: warning: %s goes on despite CNI_ARGS ADD would refuse: %v\n", in.Command, err)
 	}
 	if sc.Relative != "" {
 		fmt.Fprintf(os.Stderr, "host-local: warning: ipam.dataDir %q is not an absolute path; %s uses %s, where the reference host-local keeps leases for it, but ADD refuses it: make it absolute\n", sc.Relative, in.Command, sc.DataDir)

@@ -61,10 +61,14 @@ func (p *plugin) add(ctx context.Context, in *cniplumb.Input) (_ types.Result, e
 	host := plan.Veth.HostName
 	undo.Push("delete veth "+host, func() error { return p.links.Delete(context.WithoutCancel(ctx), link.Ref{Name: host}) })
 	brMAC := br.MAC
-	if !br.Created {
+	if !br.Created || c.raw.IsGateway {
+		// A bridge podwire did not create, and a gateway, keep the MAC they had before
+		// this port joined, as the reference pins it with isGateway.
 		if brMAC, err = p.links.PinBridgeMAC(ctx, br.Name, br.MAC); err != nil {
 			return nil, err
 		}
+	} else if info, err := p.links.Inspect(ctx, link.Ref{Name: br.Name}); err == nil {
+		brMAC = info.MAC // the reference's: a new bridge follows its ports' MAC
 	}
 	if plan.Spoof != nil {
 		if err := p.spoof.Apply(ctx, *plan.Spoof); err != nil {
