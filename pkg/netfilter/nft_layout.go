@@ -292,7 +292,7 @@ func (l *nftLayout) remove(s *nftSocket, pick func(key, net string) bool, also .
 		if len(gone) == 0 && len(own.exists) == 0 {
 			return nil
 		}
-		if l.onlyThese(c, st, len(gone), len(own.exists)) {
+		if l.onlyThese(c, st, len(gone), len(own.exists)) && l.sameAgain(c, st) {
 			// Under the lock no podwire process adds to the table meanwhile. Another
 			// program could (the reference plugin takes no lock of ours): its rule would
 			// go with the table if it landed between the dump and this batch.
@@ -317,6 +317,24 @@ func (l *nftLayout) remove(s *nftSocket, pick func(key, net string) bool, also .
 		s.deleted()
 		return nil
 	})
+}
+
+// sameAgain dumps the layout's chains once more and reports whether they hold the
+// same rules as st. Deleting the table deletes everything in it, so it is decided on
+// two dumps: a dump that the ruleset's changes interrupted (NLM_F_DUMP_INTR, which
+// google/nftables does not report) can miss rules, and another attachment's rule it
+// missed would go with the table.
+func (l *nftLayout) sameAgain(c NFTConn, st nftState) bool {
+	again, err := l.read(c)
+	if err != nil || len(again.rules) != len(st.rules) {
+		return false
+	}
+	for i, r := range again.rules {
+		if r.Handle != st.rules[i].Handle || r.Chain.Name != st.rules[i].Chain.Name {
+			return false
+		}
+	}
+	return true
 }
 
 // onlyThese reports whether the table would hold nothing of anyone's once the gone
