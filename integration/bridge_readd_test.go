@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -189,7 +190,8 @@ func TestBridgeChurnNoDuplicateAddress(t *testing.T) {
 					counts[w]["ADD-again"]++
 				case rng.IntN(4) == 0:
 					if err := h.Check(list, a.rt); err != nil {
-						fail("CHECK of live pod %d: %v", i, err)
+						out, _ := exec.Command("nsenter", "--net="+h.HostNS.Path(), "sh", "-c", "nft list table inet cni_plugins_masquerade; iptables-save -t nat | grep -c CNI-").CombinedOutput()
+						fail("CHECK of live pod %d: %v\n%s", i, err, out)
 					}
 					counts[w]["CHECK"]++
 				default:
