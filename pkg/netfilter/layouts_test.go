@@ -384,3 +384,43 @@ func TestHostPortsNFTCheckSeesTheChain(t *testing.T) {
 		t.Errorf("Check passed with output's DNAT in prerouting:\n%s", k.Dump())
 	}
 }
+
+// shortDump is a kernel whose next dumps of chain miss its last rule, as a dump that
+// another program's changes interrupted can (google/nftables does not report
+// NLM_F_DUMP_INTR).
+type shortDump struct {
+	*fake.Kernel
+	chain  string
+	misses int
+}
+
+func (k *shortDump) GetRules(t *nftables.Table, c *nftables.Chain) ([]*nftables.Rule, error) {
+	rs, err := k.Kernel.GetRules(t, c)
+	if c.Name == k.chain && k.misses > 0 && len(rs) > 0 {
+		k.misses--
+		rs = rs[:len(rs)-1]
+	}
+	return rs, err
+}
+
+// TestCheckRereadsAShortDump: CHECK of a live attachment passes when one dump missed
+// its rule (seen in TestBridgeChurnNoDuplicateAddress, CHECK running beside other
+// pods' ADD and DEL), and still fails when every dump misses it.
+func TestCheckRereadsAShortDump(t *testing.T) {
+	k := &shortDump{Kernel: fake.New(), chain: "masq_checks"}
+	b := netfilter.NewMasqOn(netfilter.KindNFTables, k, k)
+	p1, p2 := masqPlan1(), masqPlan2()
+	for _, p := range []netfilter.MasqPlan{p1, p2} {
+		if err := b.Apply(t.Context(), p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k.misses = 1
+	if err := b.Check(t.Context(), p2); err != nil {
+		t.Errorf("Check after one short dump: %v", err)
+	}
+	k.misses = 100
+	if err := b.Check(t.Context(), p2); !netfilter.IsNotFound(err) {
+		t.Errorf("Check with every dump short = %v, want not found", err)
+	}
+}

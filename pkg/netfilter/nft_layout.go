@@ -365,24 +365,34 @@ func (l *nftLayout) onlyThese(c NFTConn, st nftState, gone, ownChains int) bool 
 
 // check compares o's rules with want by chain and what they do (describeExprs; the
 // chain matters, as prerouting and output hold the same rules for different traffic),
-// and the layout's fixed rules. None of o's is IsNotFound.
+// and the layout's fixed rules. None of o's is IsNotFound. It holds the table's lock,
+// so no podwire process changes the table during the dump, and a verdict other than
+// "as wanted" is given only on two equal dumps: google/nftables does not report a
+// dump that another program's changes interrupted (NLM_F_DUMP_INTR), and such a dump
+// can miss rules.
 func (l *nftLayout) check(s *nftSocket, o Owner, want []*nftables.Rule) error {
-	c, done, err := s.conn()
-	if err != nil {
+	return s.locked(l, func(c NFTConn) error {
+		var err error
+		for range 3 {
+			st, rerr := l.read(c)
+			if rerr != nil {
+				return rerr
+			}
+			own, _, rerr := l.readOwners(c, []string{l.key(o)})
+			if rerr != nil {
+				return rerr
+			}
+			if err = l.compare(st, own, o, want); err == nil || l.sameAgain(c, st) {
+				return err
+			}
+		}
 		return err
-	}
-	defer done()
-	st, err := l.read(c)
-	if err != nil {
-		return err
-	}
-	own, _, err := l.readOwners(c, []string{l.key(o)})
-	if err != nil {
-		return err
-	}
-	st.rules = append(st.rules, own.rules...)
-	// Rules are compared by chain and what they do (prerouting and output hold the
-	// same rules for different traffic).
+	})
+}
+
+// compare is check's verdict on one dump: st of the layout's chains, own of o's own.
+func (l *nftLayout) compare(st, own nftState, o Owner, want []*nftables.Rule) error {
+	st.rules = append(slices.Clip(st.rules), own.rules...)
 	text := func(r *nftables.Rule) string { return r.Chain.Name + ": " + describeExprs(r.Exprs) }
 	have := map[string]int{}
 	mine := l.owned(st, l.ownerPick(o))
