@@ -55,7 +55,7 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	write(t, filepath.Join(src, "host-local"), "host-local v1")
 	write(t, filepath.Join(src, "portmap"), "portmap v1")
 	write(t, filepath.Join(bin, "portmap"), "someone else's portmap") // foreign
-	write(t, filepath.Join(bin, "flannel"), "flannel")                 // not shipped
+	write(t, filepath.Join(bin, "flannel"), "flannel")                // not shipped
 
 	in, err := New(state, false)
 	if err != nil {

@@ -45,7 +45,9 @@ func (r Route) String() string {
 }
 
 // same reports whether two routes are the same kernel route.
-func (r Route) same(o Route) bool { return r.Dst == o.Dst && r.Gw == o.Gw && r.LinkIndex == o.LinkIndex }
+func (r Route) same(o Route) bool {
+	return r.Dst == o.Dst && r.Gw == o.Gw && r.LinkIndex == o.LinkIndex
+}
 
 // Plan returns the routes this node (self) needs, sorted by destination. A node whose
 // InternalIP of a family is on no connected subnet gets no route for that family (it is
