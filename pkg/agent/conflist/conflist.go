@@ -17,6 +17,7 @@ type Params struct {
 	Bridge     string         // the bridge's name (cni0)
 	PodCIDRs   []netip.Prefix // the Node's spec.podCIDRs: one host-local range each
 	MTU        int            // 0: the bridge plugin's default
+	DataDir    string         // host-local's dataDir; "" leaves its default
 }
 
 // SupportedVersions are the cniVersions the agent writes.
@@ -31,9 +32,10 @@ type route struct {
 }
 
 type ipam struct {
-	Type   string         `json:"type"`
-	Ranges [][]rangeEntry `json:"ranges"`
-	Routes []route        `json:"routes"`
+	Type    string         `json:"type"`
+	DataDir string         `json:"dataDir,omitempty"`
+	Ranges  [][]rangeEntry `json:"ranges"`
+	Routes  []route        `json:"routes"`
 }
 
 type bridge struct {
@@ -89,7 +91,7 @@ func Render(p Params) ([]byte, error) {
 		return nil, err
 	}
 	br := bridge{Type: "bridge", Bridge: p.Bridge, MTU: p.MTU, IsGateway: true, HairpinMode: true,
-		IPAM: ipam{Type: "host-local"}}
+		IPAM: ipam{Type: "host-local", DataDir: p.DataDir}}
 	for _, c := range p.PodCIDRs {
 		br.IPAM.Ranges = append(br.IPAM.Ranges, []rangeEntry{{Subnet: c.String()}})
 		dst := "0.0.0.0/0"
