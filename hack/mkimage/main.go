@@ -131,7 +131,7 @@ func build(agent, plugins, name, out, arch string) error {
 	}
 	tag := name[strings.LastIndex(name, ":")+1:]
 	if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{
-		"io.containerd.image.name":         name,
+		"io.containerd.image.name":          name,
 		"org.opencontainers.image.ref.name": tag,
 	}), layout.WithPlatform(v1.Platform{OS: "linux", Architecture: arch})); err != nil {
 		return err
