@@ -115,6 +115,7 @@ func New(cfg Config, d Deps) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
+	inst.Skip = []string{"podwire-agent"}
 	return &Agent{cfg: cfg, d: d, inst: inst}, nil
 }
 
