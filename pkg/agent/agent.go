@@ -89,15 +89,16 @@ type Agent struct {
 	inst  *install.Installer
 	nodes corelisters.NodeLister
 
-	mu         sync.Mutex
-	list       *libcni.NetworkConfigList // the conflist written, nil before
-	version    string                    // the resolved cniVersion
-	caps       runtimes.Capabilities
-	ready      bool // last STATUS succeeded
-	lastLoop   time.Time
-	lastStatus time.Time
-	lastNote   string // annotation last written
-	lastCond   kube.Condition
+	mu            sync.Mutex
+	list          *libcni.NetworkConfigList // the conflist written, nil before
+	version       string                    // the resolved cniVersion
+	caps          runtimes.Capabilities
+	versionFailed bool
+	ready         bool // last STATUS succeeded
+	lastLoop      time.Time
+	lastStatus    time.Time
+	lastNote      string // annotation last written
+	lastCond      kube.Condition
 }
 
 // New loads the install manifest.
@@ -243,9 +244,18 @@ func (a *Agent) resolveVersion(ctx context.Context) string {
 	}
 	name, ver, err := a.d.Runtime.Version(ctx)
 	if err != nil {
-		a.d.Log.Warn("cannot ask the runtime its version; writing the conservative cniVersion until it answers", "err", err, "cniVersion", runtimes.Conservative.MaxCNIVersion)
+		a.mu.Lock()
+		first := !a.versionFailed
+		a.versionFailed = true
+		a.mu.Unlock()
+		if first { // once, not on every sync
+			a.d.Log.Warn("cannot ask the runtime its version; writing the conservative cniVersion until it answers", "err", err, "cniVersion", runtimes.Conservative.MaxCNIVersion)
+		}
 		return runtimes.Conservative.MaxCNIVersion
 	}
+	a.mu.Lock()
+	a.versionFailed = false
+	a.mu.Unlock()
 	caps := runtimes.Lookup(name, ver)
 	a.mu.Lock()
 	changed := caps != a.caps
