@@ -23,4 +23,5 @@ require (
 	go.opentelemetry.io/otel v1.47.0 // indirect
 	go.opentelemetry.io/otel/trace v1.47.0 // indirect
 	golang.org/x/sync v0.24.0 // indirect
+	k8s.io/cri-api v0.37.2 // indirect
 )
