@@ -104,3 +104,6 @@ func Known(plugin string) ([]string, bool) {
 	own, ok := Plugins[plugin]
 	return append(slices.Clone(Common), own...), ok
 }
+
+// Names is the plugins podwire ships.
+func Names() []string { return []string{"bridge", "host-local", "portmap", "bandwidth", "loopback"} }

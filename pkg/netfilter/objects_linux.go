@@ -26,6 +26,12 @@ type Object struct {
 	// the reference's iptables comments name network and container only); else zero.
 	Owner Owner
 	Rules []string // the rules' text, in listing order
+	net   string   // the network as the layout names it: plain or one of its hashes
+}
+
+// InNetwork reports whether the object is of an attachment of network.
+func (o Object) InNetwork(network string) bool {
+	return o.net == network || o.net == masqNetHash(network) || o.net == hash8(network)
 }
 
 func (o Object) String() string { return o.What + " " + o.Backend + " " + o.Key }
@@ -79,19 +85,23 @@ func masqObjects(ctx context.Context, pick func(key, net string) bool, stale fun
 				errs = append(errs, err)
 				continue
 			}
-			var chains []string
+			var picked []string
 			if stale != nil {
-				chains = stale(post.rules)
-			} else {
-				for _, r := range post.rules {
-					if _, _, ok := parseMasqComment(r.comment); ok && strings.HasPrefix(r.target, "CNI-") && !slices.Contains(chains, r.target) {
-						chains = append(chains, r.target)
-					}
-				}
+				picked = stale(post.rules)
 			}
-			for _, ch := range chains {
-				o := Object{What: "masquerade", Backend: "iptables " + fam.String(), Key: ch}
-				own, err := x.list(ctx, fam, ch)
+			at := map[string]int{}
+			for _, r := range post.rules {
+				n, id, ok := parseMasqComment(r.comment)
+				if !ok || !strings.HasPrefix(r.target, "CNI-") || stale != nil && !slices.Contains(picked, r.target) {
+					continue
+				}
+				if _, dup := at[r.target]; dup {
+					continue
+				}
+				at[r.target] = len(out)
+				o := Object{What: "masquerade", Backend: "iptables " + fam.String(), Key: r.target,
+					Owner: Owner{Network: n, ContainerID: id}, net: n}
+				own, err := x.list(ctx, fam, r.target)
 				errs = append(errs, err)
 				for _, r := range own.rules {
 					o.Rules = append(o.Rules, r.line)
@@ -117,12 +127,12 @@ func nftObjects(s *nftSocket, l *nftLayout, what string, pick func(key, net stri
 	var out []Object
 	at := map[string]int{}
 	for _, r := range l.owned(st, pick) {
-		k, _, _ := l.ruleKey(r)
+		k, net, _ := l.ruleKey(r)
 		i, ok := at[k]
 		if !ok {
 			i = len(out)
 			at[k] = i
-			o := Object{What: what, Backend: "nftables", Key: k}
+			o := Object{What: what, Backend: "nftables", Key: k, net: net}
 			if t, ok := decodeTag(r.UserData); ok {
 				o.Owner = t.Owner
 			}
@@ -177,12 +187,12 @@ func hostPortObjects(ctx context.Context, k Kind, pick func(key, net string) boo
 		}
 		at := map[string]int{}
 		for _, r := range top.rules {
-			key, owner := "", Owner{}
+			key, owner, net := "", Owner{}, ""
 			switch n, cid, ok := refOwner(r.comment); {
 			case r.ours && (plan == nil || ch.removeIDs[r.tag.ID]):
-				key, owner = string(r.tag.ID), r.tag.Owner
+				key, owner, net = string(r.tag.ID), r.tag.Owner, r.tag.NetworkHash
 			case !r.ours && ok && (plan == nil || ch.chains[r.target]):
-				key, owner = r.target, Owner{Network: n, ContainerID: cid}
+				key, owner, net = r.target, Owner{Network: n, ContainerID: cid}, n
 			default:
 				continue
 			}
@@ -190,7 +200,7 @@ func hostPortObjects(ctx context.Context, k Kind, pick func(key, net string) boo
 			if !ok {
 				i = len(out)
 				at[key] = i
-				out = append(out, Object{What: "hostports", Backend: "iptables " + fam.String(), Key: key, Owner: owner})
+				out = append(out, Object{What: "hostports", Backend: "iptables " + fam.String(), Key: key, Owner: owner, net: net})
 			}
 			out[i].Rules = append(out[i].Rules, r.line)
 		}

@@ -221,3 +221,35 @@ func OwnerOfKey(key string) (cniplumb.Owner, bool) {
 	}
 	return cniplumb.Owner{Network: f[0], ContainerID: f[1], IfName: f[2]}, true
 }
+
+// LocalnetUsers lists, per interface, the owner IDs portmap recorded as needing
+// route_localnet there (dir/localnet/<ifname>/<owner ID>, kept by portmap's
+// localnet), and whether portmap turned it on itself (the ".set" file).
+func LocalnetUsers(dir Dir) (map[string][]netfilter.OwnerID, map[string]bool, error) {
+	root := filepath.Join(string(dir), "localnet")
+	ifs, err := os.ReadDir(root)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil, nil
+	}
+	if err != nil {
+		return nil, nil, cniplumb.IOError("listing route_localnet users in "+root, err)
+	}
+	users, set := map[string][]netfilter.OwnerID{}, map[string]bool{}
+	for _, i := range ifs {
+		if !i.IsDir() {
+			continue
+		}
+		ents, err := os.ReadDir(filepath.Join(root, i.Name()))
+		if err != nil {
+			return nil, nil, cniplumb.IOError("listing route_localnet users in "+root, err)
+		}
+		for _, e := range ents {
+			if e.Name() == ".set" {
+				set[i.Name()] = true
+			} else if !strings.HasPrefix(e.Name(), ".") {
+				users[i.Name()] = append(users[i.Name()], netfilter.OwnerID(e.Name()))
+			}
+		}
+	}
+	return users, set, nil
+}
