@@ -135,6 +135,8 @@ func nftObjects(s *nftSocket, l *nftLayout, what string, pick func(key, net stri
 			o := Object{What: what, Backend: "nftables", Key: k, net: net}
 			if t, ok := decodeTag(r.UserData); ok {
 				o.Owner = t.Owner
+			} else if ow, ok := parseMasqNFTComment(ruleComment(r)); ok && masqInstance(ow) == k {
+				o.Owner = ow
 			}
 			out = append(out, o)
 		}
@@ -206,4 +208,19 @@ func hostPortObjects(ctx context.Context, k Kind, pick func(key, net string) boo
 		}
 	}
 	return out, errors.Join(errs...)
+}
+
+// parseMasqNFTComment reads the owner from the reference's masq_checks comment
+// (masqNFTComment); ok is false when it was cut or is not one.
+func parseMasqNFTComment(c string) (Owner, bool) {
+	_, rest, ok := strings.Cut(c, ", net: ")
+	if !ok {
+		return Owner{}, false
+	}
+	n, rest, ok := strings.Cut(rest, ", if: ")
+	if !ok {
+		return Owner{}, false
+	}
+	ifn, id, ok := strings.Cut(rest, ", id: ")
+	return Owner{Network: n, ContainerID: id, IfName: ifn}, ok
 }
