@@ -256,4 +256,3 @@ func shortID(id string) string {
 	}
 	return id
 }
-
