@@ -137,3 +137,10 @@ func cliJSON(t *testing.T, nsPath string, v any, args ...string) {
 		t.Fatalf("podwire %s: output is not JSON: %v\n%s", strings.Join(args, " "), err, out)
 	}
 }
+
+func cliJSONText(t *testing.T, out string, v any) {
+	t.Helper()
+	if err := json.Unmarshal([]byte(out), v); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, out)
+	}
+}

@@ -195,7 +195,7 @@ func (v *validator) ranges(where string, raw any) bool {
 		rs, ok := set.([]any)
 		if !ok {
 			if _, isObj := set.(map[string]any); isObj {
-				v.errorf(fmt.Sprintf("%s[%d]", where, i), `"ranges" is a list of range sets: [[{...}]]: each range set is a list of ranges (one address is taken from each set, so dual-stack is [[{IPv4 range}], [{IPv6 range}]]); wrap this range in [ ]`)
+				v.errorf(fmt.Sprintf("%s[%d]", where, i), `ranges is a list of range sets: [[{...}]], not [{...}]: each range set is a list of ranges (one address is taken from each set, so dual-stack is [[{IPv4 range}], [{IPv6 range}]]); wrap this range in [ ]`)
 			} else {
 				v.errorf(fmt.Sprintf("%s[%d]", where, i), "a range set must be a list of ranges [{\"subnet\": ...}], not %s", jsonKind(set))
 			}
