@@ -14,6 +14,9 @@ LDFLAGS     := -s -w -X github.com/podwire/podwire/pkg/cniplumb.Version=$(VERSIO
 TEST_FLAGS  ?= -count=1 -p 2 -timeout 20m
 
 DIST_DIR    ?= dist
+# The operator CLI (cmd/podwire) goes here, not into BIN_DIR: BIN_DIR (and the release
+# tarball, which `make dist` builds through it) holds only CNI plugins.
+CLI_BIN_DIR ?= bin
 GOARCH      ?= $(shell $(GO) env GOARCH)
 TARBALL     := podwire-$(VERSION)-linux-$(GOARCH).tgz
 
@@ -21,10 +24,11 @@ TARBALL     := podwire-$(VERSION)-linux-$(GOARCH).tgz
 
 all: build
 
-## build: every plugin into bin/, stripped, with the git version
+## build: every plugin into bin/, stripped, with the git version; the podwire CLI into bin/ too
 build:
-	@mkdir -p $(BIN_DIR)
+	@mkdir -p $(BIN_DIR) $(CLI_BIN_DIR)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN_DIR)/ $(addprefix ./,$(wildcard plugins/main/* plugins/ipam/* plugins/meta/*))
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(CLI_BIN_DIR)/podwire ./cmd/podwire
 
 ## test: gofmt, vet, unit tests and the root-only integration tests (they skip without root)
 ## (unit packages first, in parallel; then the integration tests alone, so traffic-shaping
