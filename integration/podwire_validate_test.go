@@ -16,6 +16,7 @@ type validateCase struct {
 	conf   string
 	second string // another file in the same dir, for dir-level mistakes
 	want   []string
+	rt     string // the node's runtime (--runtime); "none" when empty
 }
 
 const goodBridge = `{"type":"bridge","bridge":"cni0","isGateway":true,"ipMasq":true,
@@ -60,12 +61,14 @@ var validateCases = []validateCase{
 		want: []string{`unknown capability "portMapping"`, `did you mean "portMappings"`}},
 	{name: "empty plugins", conf: `{"cniVersion":"1.0.0","name":"kubenet","plugins":[]}`, want: []string{`"plugins" is empty`}},
 	{name: "bandwidth without capabilities", conf: conflist(goodBridge, `{"type":"bandwidth"}`), want: []string{"shapes nothing"}},
+	{name: "cniVersion 1.1.0 with containerd 1.6", conf: strings.Replace(conflist(goodBridge), "1.0.0", "1.1.0", 1), rt: "containerd=1.6.20",
+		want: []string{"containerd 1.6.20", "refuses 1.1.0 for every pod", `"cniVersion": "1.0.0"`}},
 	{name: "ipam not an object", conf: conflist(`{"type":"bridge","ipam":"host-local"}`), want: []string{`"ipam" must be an object`}},
 }
 
 // TestPodwireValidate runs podwire validate on each realistic mistake (it must fail
 // and say what is wrong in the conflist's words) and on every conf-example (it must
-// pass without a warning).
+// pass without an error or warning on a runtime that takes their cniVersion).
 func TestPodwireValidate(t *testing.T) {
 	bin, err := nstest.BinDir()
 	if err != nil {
@@ -87,7 +90,11 @@ func TestPodwireValidate(t *testing.T) {
 				}
 				target = dir
 			}
-			out, errs, code := runCLI(t, "", "validate", "--bin-dir", bin, target)
+			rt := tc.rt
+			if rt == "" {
+				rt = "none"
+			}
+			out, errs, code := runCLI(t, "", "validate", "--bin-dir", bin, "--runtime", rt, target)
 			if code != 1 {
 				t.Errorf("exit %d, want 1\n%s%s", code, out, errs)
 			}
@@ -102,7 +109,9 @@ func TestPodwireValidate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, errs, code := runCLI(t, "", "validate", "--bin-dir", bin, filepath.Join(root, "conf-examples"))
+	// containerd 2.1 takes every cniVersion up to 1.1.0 (containerd 1.6's refusal of
+	// 1.1.0 examples is the case above).
+	out, errs, code := runCLI(t, "", "validate", "--bin-dir", bin, "--runtime", "containerd=2.1.0", filepath.Join(root, "conf-examples"))
 	if code != 0 || !strings.Contains(out, "0 errors, 0 warnings") {
 		t.Errorf("conf-examples: exit %d\n%s%s", code, out, errs)
 	}

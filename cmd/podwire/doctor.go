@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -23,14 +22,11 @@ type Check struct {
 	Detail string `json:"detail"`
 }
 
-// defaultCRISockets are where the common runtimes listen.
-var defaultCRISockets = []string{"/run/containerd/containerd.sock", "/var/run/crio/crio.sock", "/run/crio/crio.sock"}
-
 // doctor reads the current network namespace and the files of this node; procRoot is
 // where /proc/sys is (tests point it nowhere else: sysctls are per netns).
 type doctor struct {
 	nd     *node
-	cri    []string
+	rt     runtimeFlags
 	checks []Check
 }
 
@@ -42,14 +38,10 @@ func runDoctor(args []string, out io.Writer) error {
 	fs := newFlags("doctor")
 	nd := nodeFlags(fs)
 	asJSON := fs.Bool("json", false, "print JSON")
-	var cri stringList
-	fs.Var(&cri, "cri", "CRI socket to ask for the runtime's version (default: the usual containerd and CRI-O sockets)")
+	d := &doctor{nd: nd}
+	d.rt.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
-	}
-	d := &doctor{nd: nd, cri: cri}
-	if len(d.cri) == 0 {
-		d.cri = defaultCRISockets
 	}
 	ctx := context.Background()
 	nets, err := nd.networks("")
@@ -162,7 +154,10 @@ func (d *doctor) localnet() {
 	}
 	sort.Strings(ifs)
 	for _, i := range ifs {
-		v, _ := readSysctl("net/ipv4/conf/" + i + "/route_localnet")
+		v, ok := readSysctl("net/ipv4/conf/" + i + "/route_localnet")
+		if !ok {
+			v = "absent (the interface is not in this network namespace)"
+		}
 		who := "set by someone else (kube-proxy or the operator); portmap leaves it alone"
 		if set[i] {
 			who = "turned on by portmap; off again with its last user"
@@ -197,40 +192,18 @@ func (d *doctor) markChains(nets []network) {
 	}
 }
 
-// runtimes finds the container runtime: the CRI Version RPC on a socket that exists,
-// else the binaries' --version.
+// runtimes reports the container runtime found (CRI Version RPC, else binaries)
+// and what its CNI layer does (pkg/runtimes).
 func (d *doctor) runtimes(ctx context.Context) {
-	found := false
-	for _, s := range d.cri {
-		if _, err := os.Stat(strings.TrimPrefix(s, "unix://")); err != nil {
-			continue
-		}
-		name, ver, err := criVersion(ctx, s)
-		if err != nil {
-			d.add("runtime", "warning", "%v", err)
-			continue
-		}
-		found = true
-		d.add("runtime", "ok", "%s %s (CRI %s)%s", name, ver, s, runtimeGC(name, ver))
+	found, errs := d.rt.detect(ctx)
+	for _, err := range errs {
+		d.add("runtime", "warning", "%v", err)
 	}
-	if found {
-		return
+	for _, r := range found {
+		d.add("runtime", "info", "%s via %s%s", r, r.Via, runtimeGC(r))
 	}
-	for _, bin := range []string{"containerd", "crio", "podman"} {
-		path, err := exec.LookPath(bin)
-		if err != nil {
-			continue
-		}
-		out, err := exec.CommandContext(ctx, path, "--version").Output()
-		if err != nil {
-			continue
-		}
-		found = true
-		line, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
-		d.add("runtime", "info", "%s (binary %s; not running or no CRI socket found)%s", line, path, runtimeGC(bin, versionWord(line)))
-	}
-	if !found {
-		d.add("runtime", "info", "no container runtime found (no CRI socket at %s, no containerd, crio or podman in PATH)", strings.Join(d.cri, ", "))
+	if len(found) == 0 && len(d.rt.given) == 0 {
+		d.add("runtime", "info", "no container runtime found (no CRI socket answers, no containerd or crio in PATH); pass --cri SOCKET")
 	}
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,7 +23,7 @@ import (
 type Finding struct {
 	File    string `json:"file"`
 	Where   string `json:"where,omitempty"` // e.g. plugins[0] (bridge).ipam.ranges
-	Level   string `json:"level"`           // "error" or "warning"
+	Level   string `json:"level"`           // "error", "warning" or "note"
 	Message string `json:"message"`
 }
 
@@ -37,12 +38,17 @@ func (f Finding) String() string {
 // validator collects findings for the files it is given.
 type validator struct {
 	binDirs  []string
+	runtimes []foundRuntime // the node's, whose libcni must accept each cniVersion
 	findings []Finding
 	file     string
 }
 
 func (v *validator) errorf(where, format string, a ...any) {
 	v.findings = append(v.findings, Finding{v.file, where, "error", fmt.Sprintf(format, a...)})
+}
+
+func (v *validator) notef(where, format string, a ...any) {
+	v.findings = append(v.findings, Finding{v.file, where, "note", fmt.Sprintf(format, a...)})
 }
 
 func (v *validator) warnf(where, format string, a ...any) {
@@ -53,6 +59,8 @@ func runValidate(args []string, out io.Writer) error {
 	fs := newFlags("validate")
 	nd := nodeFlags(fs)
 	asJSON := fs.Bool("json", false, "print findings as JSON")
+	var rt runtimeFlags
+	rt.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -61,15 +69,23 @@ func runValidate(args []string, out io.Writer) error {
 		paths = []string{nd.confDir}
 	}
 	v := &validator{binDirs: nd.binDirs}
+	var errs []error
+	v.runtimes, errs = rt.detect(context.Background())
+	for _, err := range errs {
+		fmt.Fprintf(os.Stderr, "podwire validate: %v\n", err)
+	}
 	for _, p := range paths {
 		if err := v.path(p); err != nil {
 			return err
 		}
 	}
-	errs := 0
+	nerr, nwarn := 0, 0
 	for _, f := range v.findings {
-		if f.Level == "error" {
-			errs++
+		switch f.Level {
+		case "error":
+			nerr++
+		case "warning":
+			nwarn++
 		}
 	}
 	if *asJSON {
@@ -84,9 +100,9 @@ func runValidate(args []string, out io.Writer) error {
 		for _, f := range v.findings {
 			fmt.Fprintln(out, f)
 		}
-		fmt.Fprintf(out, "%d errors, %d warnings\n", errs, len(v.findings)-errs)
+		fmt.Fprintf(out, "%d errors, %d warnings\n", nerr, nwarn)
 	}
-	if errs > 0 {
+	if nerr > 0 {
 		return errFindings
 	}
 	return nil
@@ -206,8 +222,12 @@ func (v *validator) cniVersion(top map[string]any) {
 		v.errorf("cniVersion", "cniVersion %q is not a CNI spec version podwire's plugins speak (%s)", s, strings.Join(version.All.SupportedVersions(), ", "))
 		return
 	}
-	for _, w := range runtimeVerdicts(s) {
-		v.warnf("cniVersion", "%s", w)
+	errs, notes := runtimeVerdicts(v.runtimes, s)
+	for _, e := range errs {
+		v.errorf("cniVersion", "%s", e)
+	}
+	for _, n := range notes {
+		v.notef("cniVersion", "%s", n)
 	}
 }
 
