@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/cni/libcni"
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -54,10 +55,12 @@ func (n *cliNode) add(t *testing.T, id string, opts ...func(*libcni.RuntimeConf)
 	return r, pod
 }
 
+// cliConf has @BACKEND@ for both netfilter users' backend ("" picks as the
+// reference does: iptables when installed).
 const cliConf = `{"cniVersion":"1.1.0","name":"@PREFIX@net","plugins":[
- {"type":"bridge","bridge":"@PREFIX@br","isGateway":true,"ipMasq":true,
+ {"type":"bridge","bridge":"@PREFIX@br","isGateway":true,"ipMasq":true,"ipMasqBackend":"@BACKEND@",
   "ipam":{"type":"host-local","ranges":[[{"subnet":"10.57.0.0/24"}]],"dataDir":"@DATADIR@"}},
- {"type":"portmap","capabilities":{"portMappings":true}},
+ {"type":"portmap","backend":"@BACKEND@","capabilities":{"portMappings":true}},
  {"type":"bandwidth","capabilities":{"bandwidth":true}}]}`
 
 // TestPodwireInspectAndGC makes real state through libcni (pods with hostPorts and
@@ -65,15 +68,29 @@ const cliConf = `{"cniVersion":"1.1.0","name":"@PREFIX@net","plugins":[
 // requires inspect --json to list exactly that, gc --dry-run to change nothing, and a
 // following GC to remove exactly what the dry run listed.
 func TestPodwireInspectAndGC(t *testing.T) {
+	for _, backend := range []string{"iptables", "nftables"} {
+		t.Run(backend, func(t *testing.T) { testInspectAndGC(t, backend) })
+	}
+}
+
+func testInspectAndGC(t *testing.T, backend string) {
 	h := nstest.New(t)
-	n := newCLINode(t, h, cliConf)
+	n := newCLINode(t, h, strings.ReplaceAll(cliConf, "@BACKEND@", backend))
 	id := func(s string) string { return h.Prefix + "-" + s }
 	ra, _ := n.add(t, id("a"), mergeCaps(pmMap("tcp:18080:80"), withBandwidth(10_000_000, 10_000_000, containerdBurst)))
 	rb, _ := n.add(t, id("b"))
 	rc, _ := n.add(t, id("c"), mergeCaps(pmMap("tcp:18081:80", "udp:18081:53"), withBandwidth(20_000_000, 30_000_000, containerdBurst)))
-	_, podD := n.add(t, id("d"))
+	rd, podD := n.add(t, id("d"))
 	// d's sandbox dies without a DEL: its lease, cached result and masquerade stay.
+	// The kernel removes its veth pair asynchronously; wait for that.
 	h.DeletePod(podD)
+	vethD := hostVeth(t, h, rd)
+	for i := 0; slices.Contains(linkNames(h, "master", h.Name("br")), vethD); i++ {
+		if i == 100 {
+			t.Fatalf("veth %s of the deleted pod d is still there after 10 s", vethD)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	orphan := h.Name("orph")
 	h.Run(h.HostNS, "ip", "link", "add", orphan, "type", "veth", "peer", "name", h.Name("orq"))
 	h.Run(h.HostNS, "ip", "link", "set", orphan, "master", h.Name("br"))
@@ -100,6 +117,11 @@ func TestPodwireInspectAndGC(t *testing.T) {
 		shaped := name != "b"
 		if (a.IFB != "") != shaped || a.IFB != ifbOf(r) || (len(a.HostPorts) > 0) != shaped || (a.PortmapMarker != "") != shaped || (len(a.Qdiscs) > 0) != shaped {
 			t.Errorf("%s: ifb %q (ADD made %q), hostPorts %v, marker %q, qdiscs %v", name, a.IFB, ifbOf(r), a.HostPorts, a.PortmapMarker, a.Qdiscs)
+		}
+		for _, hp := range append(a.HostPorts, a.Masquerade...) {
+			if !strings.HasPrefix(hp.Backend, backend) {
+				t.Errorf("%s: rules in %s, the conflist asks for %s", name, hp.Backend, backend)
+			}
 		}
 		for _, hp := range a.HostPorts {
 			if hp.Backend == "" || !strings.Contains(strings.Join(hp.Rules, "\n"), map[string]string{"a": "18080", "c": "18081"}[name]) {
@@ -135,6 +157,13 @@ func TestPodwireInspectAndGC(t *testing.T) {
 	requireSame(t, "orphans", kinds, []string{"veth " + orphan, "lease " + leaseD})
 
 	// The dry run changes nothing and lists c's and d's objects, nothing of a's or b's.
+	// (IPv6 link-local addresses finishing DAD would change the snapshot on their own.)
+	for i := 0; strings.TrimSpace(h.Run(h.HostNS, "ip", "-6", "-o", "addr", "show", "tentative")) != ""; i++ {
+		if i == 100 {
+			t.Fatal("IPv6 addresses still tentative after 10 s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	before := h.Snapshot()
 	valid := []string{"--valid", id("a") + "/eth0", "--valid", id("b") + "/eth0"}
 	var plan cliPlan
@@ -176,12 +205,13 @@ func TestPodwireInspectAndGC(t *testing.T) {
 		left = append(left, o.Kind+" "+o.Name)
 	}
 	requireSame(t, "orphans after GC", left, []string{"veth " + orphan})
-	requireRemovedExactly(t, before, h.Snapshot(), plan, inv)
+	// nft rule text (as nodestate lists it) carries no owner; c's rules name its port.
+	requireRemovedExactly(t, before, h.Snapshot(), plan, inv, "18081")
 }
 
 // requireRemovedExactly checks every line of node state GC removed against the dry
 // run: each must name something of an attachment the dry run listed.
-func requireRemovedExactly(t *testing.T, before, after nodestate.Snapshot, plan cliPlan, inv cliInventory) {
+func requireRemovedExactly(t *testing.T, before, after nodestate.Snapshot, plan cliPlan, inv cliInventory, staleTokens ...string) {
 	t.Helper()
 	stale := map[string]bool{}
 	for _, r := range plan.Removals {
@@ -189,7 +219,7 @@ func requireRemovedExactly(t *testing.T, before, after nodestate.Snapshot, plan 
 			stale[f[1]] = true
 		}
 	}
-	var tokens []string
+	tokens := staleTokens
 	for _, a := range inv.Attachments {
 		if !stale[a.ContainerID] {
 			continue
