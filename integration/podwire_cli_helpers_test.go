@@ -28,6 +28,7 @@ type cliAttachment struct {
 	HostPorts     []cliRules `json:"hostPorts"`
 	PortmapMarker string     `json:"portmapMarker"`
 	Masquerade    []cliRules `json:"masquerade"`
+	MacSpoof      []cliRules `json:"macspoof"`
 	Qdiscs        []string   `json:"qdiscs"`
 	IFB           string     `json:"ifb"`
 	Problems      []string   `json:"problems"`

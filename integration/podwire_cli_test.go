@@ -58,7 +58,7 @@ func (n *cliNode) add(t *testing.T, id string, opts ...func(*libcni.RuntimeConf)
 // cliConf has @BACKEND@ for both netfilter users' backend ("" picks as the
 // reference does: iptables when installed).
 const cliConf = `{"cniVersion":"1.1.0","name":"@PREFIX@net","plugins":[
- {"type":"bridge","bridge":"@PREFIX@br","isGateway":true,"ipMasq":true,"ipMasqBackend":"@BACKEND@",
+ {"type":"bridge","bridge":"@PREFIX@br","isGateway":true,"ipMasq":true,"ipMasqBackend":"@BACKEND@","macspoofchk":true,
   "ipam":{"type":"host-local","ranges":[[{"subnet":"10.57.0.0/24"}]],"dataDir":"@DATADIR@"}},
  {"type":"portmap","backend":"@BACKEND@","capabilities":{"portMappings":true}},
  {"type":"bandwidth","capabilities":{"bandwidth":true}}]}`
@@ -111,8 +111,8 @@ func testInspectAndGC(t *testing.T, backend string) {
 		if want := resultAddrs(r); !slices.Equal(a.Addresses, want) {
 			t.Errorf("%s: addresses %v, ADD gave %v", name, a.Addresses, want)
 		}
-		if a.HostVeth != hostVeth(t, h, r) || len(a.Masquerade) == 0 || len(a.Problems) != 0 {
-			t.Errorf("%s: host veth %q (ADD made %s), masquerade %v, problems %v", name, a.HostVeth, hostVeth(t, h, r), a.Masquerade, a.Problems)
+		if a.HostVeth != hostVeth(t, h, r) || len(a.Masquerade) == 0 || len(a.MacSpoof) == 0 || len(a.Problems) != 0 {
+			t.Errorf("%s: host veth %q (ADD made %s), masquerade %v, macspoof %v, problems %v", name, a.HostVeth, hostVeth(t, h, r), a.Masquerade, a.MacSpoof, a.Problems)
 		}
 		shaped := name != "b"
 		if (a.IFB != "") != shaped || a.IFB != ifbOf(r) || (len(a.HostPorts) > 0) != shaped || (a.PortmapMarker != "") != shaped || (len(a.Qdiscs) > 0) != shaped {
@@ -176,7 +176,7 @@ func testInspectAndGC(t *testing.T, backend string) {
 			t.Errorf("dry run removes %+v, not of c or d", r)
 		}
 	}
-	for _, k := range []string{"del", "lease", "masquerade", "hostports", "portmap-marker", "ifb"} {
+	for _, k := range []string{"del", "lease", "masquerade", "macspoof", "hostports", "portmap-marker", "ifb"} {
 		if !got[k] {
 			t.Errorf("dry run lists no %s:\n%+v", k, plan.Removals)
 		}
@@ -188,6 +188,11 @@ func testInspectAndGC(t *testing.T, backend string) {
 		t.Fatalf("podwire gc: exit %d\n%s\n%s", code, out, errs)
 	}
 	after := n.inspect(t)
+	var again cliPlan
+	cliJSON(t, h.HostNS.Path(), &again, append(append([]string{"gc", "--dry-run", "--json"}, n.args...), valid...)...)
+	if len(again.Removals) != 0 {
+		t.Errorf("after GC, a dry run still lists %+v", again.Removals)
+	}
 	for _, a := range after.Attachments {
 		if a.ContainerID != id("a") && a.ContainerID != id("b") {
 			t.Errorf("after GC, %s is still there: %+v", a.ContainerID, a)
@@ -226,7 +231,7 @@ func requireRemovedExactly(t *testing.T, before, after nodestate.Snapshot, plan 
 		}
 		tokens = append(tokens, a.ContainerID, a.HostVeth, a.IFB)
 		tokens = append(tokens, a.Addresses...)
-		for _, r := range append(a.HostPorts, a.Masquerade...) {
+		for _, r := range slices.Concat(a.HostPorts, a.Masquerade, a.MacSpoof) {
 			tokens = append(tokens, r.Key)
 			for _, w := range strings.Fields(strings.Join(r.Rules, " ")) {
 				if strings.HasPrefix(w, "CNI-") && w != "CNI-HOSTPORT-DNAT" && w != "CNI-HOSTPORT-MASQ" {

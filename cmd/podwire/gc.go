@@ -17,6 +17,7 @@ import (
 
 	"github.com/podwire/podwire/pkg/cniplumb"
 	"github.com/podwire/podwire/pkg/ipam"
+	"github.com/podwire/podwire/pkg/link"
 	"github.com/podwire/podwire/pkg/netfilter"
 	"github.com/podwire/podwire/pkg/portstate"
 	"github.com/podwire/podwire/pkg/tc"
@@ -175,11 +176,15 @@ func planGC(ctx context.Context, l *libcni.NetworkConfigList, s *netState, att [
 			}
 			objs, err := netfilter.PlanGCMasq(ctx, l.Name, keep)
 			errs = append(errs, err)
-			p.addObjects(l.Name, typ, objs)
+			p.addObjects(l.Name, typ, objs, s)
+			// bridge's GC takes the "bridge" key as given (no cni0 default) to tell
+			// which macspoofchk rules are this network's.
 			var m map[string]any
-			if json.Unmarshal(pl.Bytes, &m) == nil && m["macspoofchk"] == true {
-				p.Notes = append(p.Notes, l.Name+": macspoofchk rules of stale attachments are removed too and not listed here")
-			}
+			_ = json.Unmarshal(pl.Bytes, &m)
+			ours := link.OnBridgeOrGone(ctx, link.NewNetlink(), str(m, "bridge"))
+			objs, err = netfilter.PlanGCMacSpoof(l.Name, keep, ours)
+			errs = append(errs, err)
+			p.addObjects(l.Name, typ, objs, s)
 		case "portmap":
 			errs = append(errs, p.planHostPorts(ctx, l, pl.Bytes, s, keep))
 		case "bandwidth":
@@ -202,11 +207,19 @@ func (p *GCPlan) add(network, plugin, kind, name, owner string) {
 	p.Removals = append(p.Removals, Removal{Network: network, Plugin: plugin, Kind: kind, Name: name, Owner: owner})
 }
 
-func (p *GCPlan) addObjects(network, plugin string, objs []netfilter.Object) {
+// addObjects lists objects with their owner: as the rules name it, else the known
+// attachment whose names they carry.
+func (p *GCPlan) addObjects(network, plugin string, objs []netfilter.Object, s *netState) {
+	owners := s.everyOwner()
 	for _, o := range objs {
 		owner := ""
 		if o.Owner != (netfilter.Owner{}) {
 			owner = o.Owner.Key()
+		}
+		for _, ow := range owners {
+			if owner == "" && o.Of(ow) {
+				owner = ow.Key()
+			}
 		}
 		p.add(network, plugin, o.What, o.Backend+" "+o.Key, owner)
 	}
@@ -253,7 +266,7 @@ func (p *GCPlan) planHostPorts(ctx context.Context, l *libcni.NetworkConfigList,
 		}
 		objs, err := netfilter.PlanGCHostPorts(ctx, k, l.Name, keep)
 		errs = append(errs, err)
-		p.addObjects(l.Name, "portmap", objs)
+		p.addObjects(l.Name, "portmap", objs, s)
 	}
 	for _, m := range portstate.PlanGC(s.Markers, l.Name, keep) {
 		p.add(l.Name, "portmap", "portmap-marker", m.File, m.Owner)

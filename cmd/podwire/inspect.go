@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -29,6 +30,7 @@ type Attachment struct {
 	HostPorts     []Rules  `json:"hostPorts,omitempty"`
 	PortmapMarker string   `json:"portmapMarker,omitempty"`
 	Masquerade    []Rules  `json:"masquerade,omitempty"`
+	MacSpoof      []Rules  `json:"macspoof,omitempty"`
 	Qdiscs        []string `json:"qdiscs,omitempty"`
 	IFB           string   `json:"ifb,omitempty"`
 	Problems      []string `json:"problems,omitempty"`
@@ -141,6 +143,7 @@ func (s *netState) inventory(ctx context.Context) ([]Attachment, []Orphan) {
 		}
 		a.Masquerade = rulesOf(s.Masq, o, usedObj)
 		a.HostPorts = rulesOf(s.HostPort, o, usedObj)
+		a.MacSpoof = rulesOf(s.MacSpoof, o, usedObj)
 		if len(a.Addresses) == 0 && s.LeaseDir != "" {
 			a.Problems = append(a.Problems, "no lease in "+s.LeaseDir)
 		}
@@ -165,7 +168,7 @@ func (s *netState) inventory(ctx context.Context) ([]Attachment, []Orphan) {
 			orphans = append(orphans, Orphan{s.Name, "portmap-marker", m.File, m.Marker.String()})
 		}
 	}
-	for _, o := range append(append([]netfilter.Object{}, s.Masq...), s.HostPort...) {
+	for _, o := range slices.Concat(s.Masq, s.HostPort, s.MacSpoof) {
 		if !usedObj[o.String()] {
 			orphans = append(orphans, Orphan{s.Name, o.What, o.Backend + " " + o.Key, ownerText(o.Owner)})
 		}

@@ -29,6 +29,7 @@ type netState struct {
 	IFBs     []tc.IFB // of this network, by their alias
 	Masq     []netfilter.Object
 	HostPort []netfilter.Object
+	MacSpoof []netfilter.Object          // of this network's owners, and podwire's former table's
 	Cached   []*libcni.NetworkAttachment // libcni's cached ADD results of this network
 	Ports    []string                    // veths on the bridge
 }
@@ -102,6 +103,18 @@ func (nd *node) readState(ctx context.Context, n network) (*netState, error) {
 	}
 	s.Cached, err = nd.cached(s.Name)
 	errs = append(errs, err)
+	spoof, err := netfilter.ListMacSpoof()
+	errs = append(errs, err)
+	owners := s.everyOwner()
+	for _, o := range spoof {
+		mine := o.InNetwork(s.Name)
+		for _, ow := range owners {
+			mine = mine || o.Of(ow)
+		}
+		if mine {
+			s.MacSpoof = append(s.MacSpoof, o)
+		}
+	}
 	return s, errors.Join(errs...)
 }
 

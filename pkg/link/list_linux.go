@@ -1,6 +1,7 @@
 package link
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
@@ -35,4 +36,20 @@ func BridgePorts(bridge string) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// OnBridgeOrGone returns bridge's GC test of whether a host veth is the network's: it
+// is gone, or a port of bridge (when bridge is a bridge). The reference's macspoofchk
+// rules name no network, so this is how GC (and `podwire gc --dry-run`) tells.
+func OnBridgeOrGone(ctx context.Context, b Backend, bridge string) func(hostIf string) bool {
+	index := -1
+	if bridge != "" {
+		if info, err := b.Inspect(ctx, Ref{Name: bridge}); err == nil && info.Kind == "bridge" {
+			index = info.Index
+		}
+	}
+	return func(hostIf string) bool {
+		info, err := b.Inspect(ctx, Ref{Name: hostIf})
+		return IsNotFound(err) || err == nil && info.MasterIndex == index
+	}
 }

@@ -17,7 +17,7 @@ import (
 // Object is one attachment's rules in one layout: the unit GC removes and inspect
 // lists.
 type Object struct {
-	What    string // "masquerade" or "hostports"
+	What    string // "masquerade", "hostports" or "macspoof"
 	Backend string // "nftables" or "iptables ipv4" / "iptables ipv6"
 	// Key is the attachment's name in the layout: a masquerade chain, the reference's
 	// nftables instance hash, podwire's owner ID or the reference's CNI-DN- chain.
@@ -39,7 +39,7 @@ func (o Object) String() string { return o.What + " " + o.Backend + " " + o.Key 
 // Of reports whether the object belongs to ow, under any layout's name for it.
 func (o Object) Of(ow Owner) bool {
 	switch o.Key {
-	case masqInstance(ow), MasqChain(ow), string(IDOf(ow)):
+	case masqInstance(ow), MasqChain(ow), string(IDOf(ow)), spoofID(ow):
 		return true
 	case HostPortChain(ow.Network, ow.ContainerID):
 		return o.Owner == (Owner{}) || o.Owner == ow
@@ -223,4 +223,49 @@ func parseMasqNFTComment(c string) (Owner, bool) {
 	}
 	ifn, id, ok := strings.Cut(rest, ", id: ")
 	return Owner{Network: n, ContainerID: id, IfName: ifn}, ok
+}
+
+// PlanGCMacSpoof returns what bridge's macspoofchk GC removes for network (nothing on
+// a node without nf_tables, where bridge skips it): in the reference's layout the
+// attachments spoofStale picks, in podwire's former table those stalePick selects.
+func PlanGCMacSpoof(network string, keep cniplumb.Owners, ours func(hostIf string) bool) ([]Object, error) {
+	if !ProbeHost().NFTables {
+		return nil, nil
+	}
+	s, l := hostNFTSocket(), spoofLayout()
+	c, done, err := s.conn()
+	if err != nil {
+		return nil, err
+	}
+	st, err := l.read(c)
+	done()
+	if err != nil {
+		return nil, err
+	}
+	stale := spoofStale(l, st, keep, ours)
+	out, err := nftObjects(s, l, "macspoof", func(id, _ string) bool { return stale[id] })
+	legacy, lerr := featureLayout(MacSpoofFeature)
+	if lerr != nil {
+		return out, errors.Join(err, lerr)
+	}
+	old, oerr := nftObjects(s, legacy, "macspoof", legacy.stalePick(network, keep))
+	return append(out, old...), errors.Join(err, oerr)
+}
+
+// ListMacSpoof returns every attachment's macspoofchk rules: the reference's layout
+// names no network (InNetwork is false for them; Of tells their owner), podwire's
+// former table does.
+func ListMacSpoof() ([]Object, error) {
+	if !ProbeHost().NFTables {
+		return nil, nil
+	}
+	all := func(string, string) bool { return true }
+	s := hostNFTSocket()
+	out, err := nftObjects(s, spoofLayout(), "macspoof", all)
+	legacy, lerr := featureLayout(MacSpoofFeature)
+	if lerr != nil {
+		return out, errors.Join(err, lerr)
+	}
+	old, oerr := nftObjects(s, legacy, "macspoof", all)
+	return append(out, old...), errors.Join(err, oerr)
 }
