@@ -1,14 +1,14 @@
 package tc
 
 import (
-	"github.com/podwire/podwire/pkg/cniplumb"
-
 	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/podwire/podwire/pkg/cniplumb"
 )
 
 const containerdBurst = 4294967295
