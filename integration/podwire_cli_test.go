@@ -182,6 +182,12 @@ func testInspectAndGC(t *testing.T, backend string) {
 		}
 	}
 
+	// Without valid attachments the real GC refuses (cnitool's would remove every pod).
+	if out, errs, code := runCLI(t, h.HostNS.Path(), append([]string{"gc"}, n.args...)...); code != 2 || !strings.Contains(errs, "--all") {
+		t.Errorf("gc without valid attachments: exit %d, want 2 and a hint at --valid/--cri/--all\n%s%s", code, out, errs)
+	}
+	h.RequireUnchanged(before)
+
 	// A real GC removes exactly that: every listed object goes, every other stays.
 	out, errs, code := runCLI(t, h.HostNS.Path(), append(append([]string{"gc"}, n.args...), valid...)...)
 	if code != 0 {
