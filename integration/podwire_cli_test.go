@@ -156,6 +156,13 @@ func testInspectAndGC(t *testing.T, backend string) {
 	leaseD := filepath.Join(h.DataDir, h.Prefix+"net", rows[id("d")].Addresses[0])
 	requireSame(t, "orphans", kinds, []string{"veth " + orphan, "lease " + leaseD})
 
+	// The table for people shows the same rows.
+	text, errs, code := runCLI(t, h.HostNS.Path(), append([]string{"inspect"}, n.args...)...)
+	if code != 0 || !strings.Contains(text, id("a")[:min(13, len(id("a")))]) || !strings.Contains(text, orphan) {
+		t.Errorf("inspect: exit %d\n%s%s", code, text, errs)
+	}
+	t.Logf("podwire inspect:\n%s", text)
+
 	// The dry run changes nothing and lists c's and d's objects, nothing of a's or b's.
 	// (IPv6 link-local addresses finishing DAD would change the snapshot on their own.)
 	for i := 0; strings.TrimSpace(h.Run(h.HostNS, "ip", "-6", "-o", "addr", "show", "tentative")) != ""; i++ {
@@ -169,6 +176,8 @@ func testInspectAndGC(t *testing.T, backend string) {
 	var plan cliPlan
 	cliJSON(t, h.HostNS.Path(), &plan, append(append([]string{"gc", "--dry-run", "--json"}, n.args...), valid...)...)
 	h.RequireUnchanged(before)
+	text, _, _ = runCLI(t, h.HostNS.Path(), append(append([]string{"gc", "--dry-run"}, n.args...), valid...)...)
+	t.Logf("podwire gc --dry-run:\n%s", text)
 	got := map[string]bool{}
 	for _, r := range plan.Removals {
 		got[r.Kind] = true

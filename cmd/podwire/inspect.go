@@ -173,6 +173,9 @@ func (s *netState) inventory(ctx context.Context) ([]Attachment, []Orphan) {
 			orphans = append(orphans, Orphan{s.Name, o.What, o.Backend + " " + o.Key, ownerText(o.Owner)})
 		}
 	}
+	slices.SortFunc(rows, func(a, b Attachment) int {
+		return strings.Compare(a.ContainerID+"/"+a.IfName, b.ContainerID+"/"+b.IfName)
+	})
 	return rows, orphans
 }
 
