@@ -25,7 +25,7 @@ TARBALL     := podwire-$(VERSION)-linux-$(GOARCH).tgz
 
 all: build
 
-## build: every plugin into bin/, stripped, with the git version
+## build: every plugin and command (podwire, podwire-agent) into bin/, stripped, with the version
 build:
 	@mkdir -p $(BIN_DIR)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN_DIR)/ $(addprefix ./,$(wildcard plugins/main/* plugins/ipam/* plugins/meta/*))

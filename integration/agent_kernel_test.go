@@ -9,7 +9,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 
 	"github.com/podwire/podwire/integration/nstest"
-	"github.com/podwire/podwire/pkg/agent/conflist"
+	agentconf "github.com/podwire/podwire/pkg/agent/conflist"
 	"github.com/podwire/podwire/pkg/agent/gc"
 	"github.com/podwire/podwire/pkg/agent/masq"
 	"github.com/podwire/podwire/pkg/agent/routes"
@@ -77,7 +77,7 @@ func TestAgentKernel(t *testing.T) {
 
 	// GC driver against the real plugins (the conflist the agent writes, at 1.0.0 as for
 	// containerd 1.6; the driver runs GC at 1.1.0).
-	b, err := conflist.Render(conflist.Params{Network: h.Name("net"), CNIVersion: "1.0.0", Bridge: h.Name("br"),
+	b, err := agentconf.Render(agentconf.Params{Network: h.Name("net"), CNIVersion: "1.0.0", Bridge: h.Name("br"),
 		PodCIDRs: nodes[0].PodCIDRs, DataDir: h.DataDir})
 	if err != nil {
 		t.Fatal(err)

@@ -297,43 +297,58 @@ func setDiff(held, prev map[string]bool) string {
 	return strings.Join(parts, "; ")
 }
 
-// GC releases every lease whose attachment is not in valid, and every broken lease
-// file. A legacy lease (no interface name) is kept when any valid attachment has its
-// container ID. An Unreadable lease (a symlink in place of the lease file) is
-// released unless the store's records give it to a valid attachment. It keeps going
-// past errors and returns them all.
+// GC releases every lease PlanGC picks. It keeps going past errors and returns them
+// all.
 func GC(ctx context.Context, st Store, valid []Owner) error {
-	keep := map[Owner]bool{}
-	for _, o := range valid {
-		keep[o] = true
-		keep[Owner{ContainerID: o.ContainerID}] = true
-	}
 	return st.Do(ctx, func(tx Tx) error {
-		all, err := tx.All()
+		stale, err := PlanGC(tx, valid)
 		if err != nil {
 			return err
 		}
 		var errs []error
-		var validIPs map[string]bool // of Unreadable leases; looked up when there are some
-		for _, l := range all {
-			if l.Unreadable {
-				if validIPs == nil {
-					if validIPs, err = unreadableOf(tx, valid); err != nil {
-						return err
-					}
-				}
-				if validIPs[l.IP.String()] {
-					continue
-				}
-			} else if !l.Broken && keep[l.Owner] {
-				continue
-			}
+		for _, l := range stale {
 			if err := tx.ReleaseIP(l.IP, l.Owner); err != nil {
 				errs = append(errs, err)
 			}
 		}
 		return errors.Join(errs...)
 	})
+}
+
+// PlanGC returns the leases GC releases, reading tx only: every lease whose
+// attachment is not in valid, and every broken lease file. A legacy lease (no
+// interface name) is kept when any valid attachment has its container ID. An
+// Unreadable lease (a symlink in place of the lease file) is released unless the
+// store's records give it to a valid attachment. `podwire gc --dry-run` calls it in
+// a transaction of its own, so what it lists is what GC removes.
+func PlanGC(tx Tx, valid []Owner) ([]Lease, error) {
+	keep := map[Owner]bool{}
+	for _, o := range valid {
+		keep[o] = true
+		keep[Owner{ContainerID: o.ContainerID}] = true
+	}
+	all, err := tx.All()
+	if err != nil {
+		return nil, err
+	}
+	var stale []Lease
+	var validIPs map[string]bool // of Unreadable leases; looked up when there are some
+	for _, l := range all {
+		if l.Unreadable {
+			if validIPs == nil {
+				if validIPs, err = unreadableOf(tx, valid); err != nil {
+					return nil, err
+				}
+			}
+			if validIPs[l.IP.String()] {
+				continue
+			}
+		} else if !l.Broken && keep[l.Owner] {
+			continue
+		}
+		stale = append(stale, l)
+	}
+	return stale, nil
 }
 
 // unreadableOf returns the addresses of the valid attachments' Unreadable leases.

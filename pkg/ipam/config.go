@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"reflect"
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -392,4 +393,25 @@ func (c *Conf) parseRequests(n *rawNet, cniArgs string) error {
 		c.Requested[idx] = Request{IP: ip, Source: rq.source}
 	}
 	return nil
+}
+
+// ConfKeys returns the keys host-local reads inside "ipam" and inside one range, from
+// its config structs (for `podwire validate`).
+func ConfKeys() (ipamKeys, rangeKeys []string) {
+	return jsonNames(reflect.TypeOf(rawIPAM{})), jsonNames(reflect.TypeOf(rawRange{}))
+}
+
+func jsonNames(t reflect.Type) []string {
+	var out []string
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if f.Anonymous {
+			out = append(out, jsonNames(f.Type)...)
+			continue
+		}
+		if name, _, _ := strings.Cut(f.Tag.Get("json"), ","); name != "" && name != "-" {
+			out = append(out, name)
+		}
+	}
+	return out
 }

@@ -204,22 +204,11 @@ func (b *MacSpoof) Remove(ctx context.Context, o Owner) error {
 // the network in the rules' tags.
 func (b *MacSpoof) GC(ctx context.Context, network string, keep cniplumb.Owners, ours func(hostIf string) bool) error {
 	l := spoofLayout()
-	kept := map[string]bool{}
-	for o := range keep {
-		kept[spoofID(o)] = true
-	}
-	stale := map[string]bool{}
+	var stale map[string]bool
 	err := b.s.locked(l, func(c NFTConn) error {
 		st, err := l.read(c)
-		if err != nil {
-			return err
-		}
-		for _, r := range st.rules {
-			if id, _, ok := l.ruleKey(r); ok && !kept[id] && r.Chain.Name == spoofBaseChain && ours(spoofHostIf(r)) {
-				stale[id] = true
-			}
-		}
-		return nil
+		stale = spoofStale(l, st, keep, ours)
+		return err
 	})
 	if err == nil && len(stale) > 0 {
 		// Another call may have changed the table since: remove goes by key again
@@ -227,4 +216,20 @@ func (b *MacSpoof) GC(ctx context.Context, network string, keep cniplumb.Owners,
 		err = l.remove(b.s, func(id, _ string) bool { return stale[id] })
 	}
 	return errors.Join(err, b.legacy().GC(ctx, MacSpoofFeature, network, keep))
+}
+
+// spoofStale picks the attachments GC removes from a dump of the reference's layout:
+// those keep does not hold whose host veth ours says is the network's.
+func spoofStale(l *nftLayout, st nftState, keep cniplumb.Owners, ours func(hostIf string) bool) map[string]bool {
+	kept := map[string]bool{}
+	for o := range keep {
+		kept[spoofID(o)] = true
+	}
+	stale := map[string]bool{}
+	for _, r := range st.rules {
+		if id, _, ok := l.ruleKey(r); ok && !kept[id] && r.Chain.Name == spoofBaseChain && ours(spoofHostIf(r)) {
+			stale[id] = true
+		}
+	}
+	return stale
 }

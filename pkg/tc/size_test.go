@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/podwire/podwire/pkg/cniplumb"
 )
 
 const containerdBurst = 4294967295
@@ -132,5 +134,16 @@ func TestBufferTicks(t *testing.T) {
 	k := KernelTBF{Rate: 1_250_000, Buffer: 312_500}
 	if got := burstOf(k); got != 25_000 {
 		t.Errorf("burstOf = %d, want 25000", got)
+	}
+}
+
+func TestOwnerOfAlias(t *testing.T) {
+	o := cniplumb.Owner{Network: "net", ContainerID: "c1", IfName: "eth0"}
+	got, ok := OwnerOfAlias(AliasFor(o, "veth1"))
+	if !ok || got != o {
+		t.Errorf("OwnerOfAlias(AliasFor(%v)) = %v %v", o, got, ok)
+	}
+	if _, ok := OwnerOfAlias("someone else's"); ok {
+		t.Error("a foreign alias has an owner")
 	}
 }

@@ -154,16 +154,7 @@ func (p *plugin) gc(ctx context.Context, in *cniplumb.Input) error {
 	if err := p.masq.GC(ctx, in.Conf.Name, in.ValidAttachments); err != nil {
 		errs = append(errs, fmt.Errorf("removing stale ipMasq rules: %w", err))
 	}
-	bridge := -1
-	if t.Bridge != "" {
-		if info, err := p.links.Inspect(ctx, link.Ref{Name: t.Bridge}); err == nil && info.Kind == "bridge" {
-			bridge = info.Index
-		}
-	}
-	ours := func(hostIf string) bool {
-		info, err := p.links.Inspect(ctx, link.Ref{Name: hostIf})
-		return link.IsNotFound(err) || err == nil && info.MasterIndex == bridge
-	}
+	ours := link.OnBridgeOrGone(ctx, p.links, t.Bridge)
 	if err := p.spoof.GC(ctx, in.Conf.Name, in.ValidAttachments, ours); err != nil {
 		errs = append(errs, fmt.Errorf("removing stale macspoofchk rules: %w", err))
 	}

@@ -52,7 +52,7 @@ type attachmentPlan struct {
 // hash. Derived, never stored: DEL and CHECK find it from the attachment alone, even
 // when the pod's namespace is gone or unreachable, and a repeated ADD finds the name
 // taken before doing anything.
-func hostVethName(o cniplumb.Owner) (string, error) { return o.KernelName("veth", 15) }
+func hostVethName(o cniplumb.Owner) (string, error) { return link.HostVethName(o) }
 
 // vlanGatewayHost is the host-side veth of a VLAN's gateway pair, derived from
 // bridge and VLAN so concurrent ADDs race for one name.

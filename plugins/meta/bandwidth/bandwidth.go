@@ -87,7 +87,7 @@ func (s *shaper) pickIFB(ctx context.Context, o cniplumb.Owner) (string, error) 
 	if err != nil {
 		return "", err
 	}
-	if st.IFB != nil && ownedBy(st.IFB.Alias, o) {
+	if st.IFB != nil && tc.OwnedBy(st.IFB.Alias, o) {
 		return ref, nil
 	}
 	own, err := ifbName(o)
@@ -123,7 +123,7 @@ func (s *shaper) del(ctx context.Context, in *cniplumb.Input) error {
 		return err
 	}
 	var ifbs []string
-	if st.IFB != nil && (!podwireAlias(st.IFB.Alias) || ownedBy(st.IFB.Alias, o)) {
+	if st.IFB != nil && (!tc.PodwireAlias(st.IFB.Alias) || tc.OwnedBy(st.IFB.Alias, o)) {
 		ifbs = append(ifbs, ref)
 	}
 	req, perr := parseConf(in.Stdin)
@@ -183,7 +183,7 @@ func (s *shaper) gc(ctx context.Context, in *cniplumb.Input) error {
 	if err != nil {
 		return err
 	}
-	stale := planGC(ifbs, in.Conf.Name, in.ValidAttachments)
+	stale := tc.PlanGC(ifbs, in.Conf.Name, in.ValidAttachments)
 	var errs []error
 	for _, r := range stale {
 		if err := s.tc.Remove(ctx, r); err != nil {

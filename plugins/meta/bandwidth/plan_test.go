@@ -51,16 +51,16 @@ func TestIFBNames(t *testing.T) {
 }
 
 func TestAlias(t *testing.T) {
-	if got := aliasFor(owner, "veth1"); got != "podwire:k8s-pod-network/0123456789abcdef/eth0 dev=veth1" || !ofNetwork(got, owner.Network) || ofNetwork(got, "k8s-pod") || devOf(got) != "veth1" {
+	if got := tc.AliasFor(owner, "veth1"); got != "podwire:k8s-pod-network/0123456789abcdef/eth0 dev=veth1" || !tc.OfNetwork(got, owner.Network) || tc.OfNetwork(got, "k8s-pod") || tc.DevOf(got) != "veth1" {
 		t.Errorf("alias %q", got)
 	}
 	long := cniplumb.Owner{Network: strings.Repeat("n", 300), ContainerID: strings.Repeat("c", 64), IfName: "eth0"}
-	a := aliasFor(long, "veth1")
-	if len(a) > 255 || !strings.HasPrefix(a, "podwire#") || !ofNetwork(a, long.Network) || ofNetwork(a, strings.Repeat("n", 299)) || devOf(a) != "veth1" {
+	a := tc.AliasFor(long, "veth1")
+	if len(a) > 255 || !strings.HasPrefix(a, "podwire#") || !tc.OfNetwork(a, long.Network) || tc.OfNetwork(a, strings.Repeat("n", 299)) || tc.DevOf(a) != "veth1" {
 		t.Errorf("alias for a long network name: %q", a)
 	}
 	huge := cniplumb.Owner{Network: "n", ContainerID: strings.Repeat("c", 1000), IfName: "eth0"}
-	if a := aliasFor(huge, "veth1"); len(a) != 255 || !ofNetwork(a, "n") || devOf(a) != "" {
+	if a := tc.AliasFor(huge, "veth1"); len(a) != 255 || !tc.OfNetwork(a, "n") || tc.DevOf(a) != "" {
 		t.Errorf("alias for a huge container ID: %q", a)
 	}
 }
@@ -70,11 +70,11 @@ func TestPlanGC(t *testing.T) {
 		return cniplumb.Owner{Network: net, ContainerID: id, IfName: ifname}
 	}
 	refNamed := func(ow cniplumb.Owner) tc.IFB {
-		return tc.IFB{Name: referenceIFBName(ow.Network, ow.ContainerID), Alias: aliasFor(ow, "veth-"+ow.ContainerID)}
+		return tc.IFB{Name: referenceIFBName(ow.Network, ow.ContainerID), Alias: tc.AliasFor(ow, "veth-"+ow.ContainerID)}
 	}
 	ownNamed := func(ow cniplumb.Owner) tc.IFB {
 		n, _ := ifbName(ow)
-		return tc.IFB{Name: n, Alias: aliasFor(ow, "veth-"+ow.ContainerID+"-"+ow.IfName)}
+		return tc.IFB{Name: n, Alias: tc.AliasFor(ow, "veth-"+ow.ContainerID+"-"+ow.IfName)}
 	}
 	live, dead, other := o("net", "live", "eth0"), o("net", "dead", "eth0"), o("other", "dead", "eth0")
 	live1, dead1 := o("net", "live", "net1"), o("net", "dead", "net1")
@@ -85,7 +85,7 @@ func TestPlanGC(t *testing.T) {
 		{Name: "bwp123456789012", Alias: ""},              // the reference's
 		{Name: "pwb111111111111", Alias: "podwire:net/x"}, // ours, network net, unlisted
 	}
-	got := planGC(ifbs, "net", cniplumb.Owners{live: true, live1: true})
+	got := tc.PlanGC(ifbs, "net", cniplumb.Owners{live: true, live1: true})
 	want := []tc.Removal{
 		{Dev: "veth-dead", IFBs: []string{refNamed(dead).Name}, OnlyIfRedirected: true},
 		{Dev: "veth-dead-net1", IFBs: []string{ownNamed(dead1).Name}, OnlyIfRedirected: true},
@@ -95,7 +95,7 @@ func TestPlanGC(t *testing.T) {
 		t.Errorf("(-want +got):\n%s", d)
 	}
 	// pwb111111111111 names no complete attachment, so it stays garbage whatever is listed.
-	if got := planGC(ifbs, "net", cniplumb.Owners{live: true, live1: true, dead: true, dead1: true}); len(got) != 1 {
+	if got := tc.PlanGC(ifbs, "net", cniplumb.Owners{live: true, live1: true, dead: true, dead1: true}); len(got) != 1 {
 		t.Errorf("with every attachment valid, GC picks %v", got)
 	}
 }

@@ -7,6 +7,7 @@ package main
 import (
 	"github.com/podwire/podwire/pkg/cniplumb"
 	"github.com/podwire/podwire/pkg/netfilter"
+	"github.com/podwire/podwire/pkg/portstate"
 )
 
 func main() {
@@ -14,9 +15,9 @@ func main() {
 	pm := &portmap{
 		open:       netfilter.OpenHostPorts,
 		probe:      netfilter.ProbeHost,
-		state:      defaultStateDir,
+		state:      portstate.DefaultDir,
 		routeIface: routeIface,
-		localnet:   localnet{dir: defaultStateDir, proc: "/proc/sys/net/ipv4/conf"},
+		localnet:   localnet{dir: portstate.DefaultDir, proc: "/proc/sys/net/ipv4/conf"},
 		flushUDP:   flushUDP,
 		logf:       stderrf,
 	}

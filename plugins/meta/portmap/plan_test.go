@@ -10,6 +10,7 @@ import (
 
 	"github.com/podwire/podwire/pkg/cniplumb"
 	"github.com/podwire/podwire/pkg/netfilter"
+	"github.com/podwire/podwire/pkg/portstate"
 )
 
 var owner1 = cniplumb.Owner{Network: "net1", ContainerID: "ctr1", IfName: "eth0"}
@@ -89,7 +90,7 @@ nat/postrouting ipv6 daddr == fd88::5/128 mark & 0x2000 == 0x2000 masquerade
 	if d := cmp.Diff(wantDump, rules.String()); d != "" {
 		t.Errorf("nftables rules (-want +got):\n%s", d)
 	}
-	m := markerOf(p, netfilter.KindNFTables)
+	m := portstate.MarkerOf(p, netfilter.KindNFTables)
 	if m.Families != netfilter.All || len(m.UDP4) != 1 || m.UDP4[0] != 5353 || len(m.UDP6) != 0 {
 		t.Errorf("marker = %+v", m)
 	}

@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/podwire/podwire/pkg/cleanup"
 	"github.com/podwire/podwire/pkg/cniplumb"
 	"github.com/podwire/podwire/pkg/netfilter"
+	"github.com/podwire/podwire/pkg/portstate"
 )
 
 // portmap holds the plugin's seams: the backend opener, the marker directory and the
@@ -20,7 +20,7 @@ import (
 type portmap struct {
 	open  func(netfilter.Kind) (netfilter.HostPortBackend, netfilter.Kind, error)
 	probe func() netfilter.Probe
-	state stateDir
+	state portstate.Dir
 	// routeIface finds the host interface that routes to a pod address ("" for none).
 	routeIface func(pod netip.Addr) (string, error)
 	// localnet counts the users of route_localnet per interface.
@@ -69,28 +69,28 @@ func (pm *portmap) add(ctx context.Context, in *cniplumb.Input) (_ types.Result,
 	// A repeated ADD of the attachment: rules the new plan does not replace (another
 	// backend, or a family it no longer has) go first, so the marker below describes
 	// everything the attachment owns.
-	old, hadOld, err := pm.state.read(owner)
+	old, hadOld, err := pm.state.Read(owner)
 	if err != nil {
 		return nil, err
 	}
 	if hadOld && (old.Backend != kind || old.Families&^plan.Families() != 0) {
-		if err := pm.removeWith(ctx, kindsOf(old), owner, old.Families); err != nil {
+		if err := pm.removeWith(ctx, old.Kinds(), owner, old.Families); err != nil {
 			return nil, fmt.Errorf("removing the host ports of the previous ADD of %s: %w", owner, err)
 		}
 	}
 	// The marker goes first: a plugin killed between the two steps leaves a marker
 	// without rules, which DEL handles, never rules without a marker.
-	m := markerOf(plan, kind)
+	m := portstate.MarkerOf(plan, kind)
 	if m.Localnet, err = pm.localnetIface(plan); err != nil {
 		return nil, err
 	}
 	if hadOld && old.Localnet != "" && old.Localnet != m.Localnet {
 		pm.releaseLocalnet(old.Localnet, netfilter.IDOf(owner))
 	}
-	if err := pm.state.write(owner, m); err != nil {
+	if err := pm.state.Write(owner, m); err != nil {
 		return nil, err
 	}
-	undo.Push("remove the marker of "+owner.String(), func() error { return pm.state.remove(owner) })
+	undo.Push("remove the marker of "+owner.String(), func() error { return pm.state.Remove(owner) })
 	// route_localnet and the rules are independent (the marker already names both):
 	// set the knob while the rules go in.
 	var holdErr error
@@ -143,7 +143,7 @@ func (pm *portmap) releaseLocalnet(iface string, id netfilter.OwnerID) {
 
 // flush removes stale UDP conntrack entries for a marker's ports. Failures are only
 // logged: the forward works, and the entries expire by themselves.
-func (pm *portmap) flush(m marker) {
+func (pm *portmap) flush(m portstate.Marker) {
 	for _, f := range []struct {
 		v6    bool
 		ports []uint16
@@ -165,7 +165,7 @@ func (pm *portmap) flush(m marker) {
 func (pm *portmap) del(ctx context.Context, in *cniplumb.Input) error {
 	defer netfilter.ReleaseOffExit() // a child waits for the kernel to free deleted rules
 	owner := in.Owner()
-	m, ok, err := pm.state.read(owner)
+	m, ok, err := pm.state.Read(owner)
 	if err != nil {
 		return err
 	}
@@ -181,13 +181,13 @@ func (pm *portmap) del(ctx context.Context, in *cniplumb.Input) error {
 				pm.releaseLocalnet(m.Localnet, netfilter.IDOf(owner))
 			}
 		}()
-		err := pm.removeWith(ctx, kindsOf(m), owner, m.Families)
+		err := pm.removeWith(ctx, m.Kinds(), owner, m.Families)
 		<-released
 		if err != nil {
 			return err
 		}
 		pm.flush(m)
-		return pm.state.remove(owner)
+		return pm.state.Remove(owner)
 	}
 	tc := parseTeardownConf(in.Stdin)
 	if !tc.HasMappings {
@@ -196,16 +196,8 @@ func (pm *portmap) del(ctx context.Context, in *cniplumb.Input) error {
 	if err := pm.removeWith(ctx, []netfilter.Kind{netfilter.KindIPTables, netfilter.KindNFTables}, owner, netfilter.All); err != nil {
 		return err
 	}
-	pm.flush(marker{Owner: owner.Key(), UDP4: tc.UDPPorts, UDP6: tc.UDPPorts})
+	pm.flush(portstate.Marker{Owner: owner.Key(), UDP4: tc.UDPPorts, UDP6: tc.UDPPorts})
 	return nil
-}
-
-// kindsOf is the backend a marker names, or both for an unreadable marker.
-func kindsOf(m marker) []netfilter.Kind {
-	if m.Backend == netfilter.Auto {
-		return []netfilter.Kind{netfilter.KindIPTables, netfilter.KindNFTables}
-	}
-	return []netfilter.Kind{m.Backend}
 }
 
 // removeWith removes owner's rules with each backend kind; a backend this node does
@@ -242,7 +234,7 @@ func (pm *portmap) check(ctx context.Context, in *cniplumb.Input) error {
 		return err
 	}
 	owner := in.Owner()
-	m, ok, err := pm.state.read(owner)
+	m, ok, err := pm.state.Read(owner)
 	if err != nil {
 		return err
 	}
@@ -276,26 +268,15 @@ func (pm *portmap) gc(ctx context.Context, in *cniplumb.Input) error {
 	defer netfilter.ReleaseOffExit()
 	tc := parseTeardownConf(in.Stdin)
 	network := in.Conf.Name
-	markers, err := pm.state.list(network)
+	markers, err := pm.state.List(network)
 	if err != nil {
 		return err
 	}
-	kinds := []netfilter.Kind{}
-	seen := map[netfilter.Kind]bool{}
-	addKind := func(k netfilter.Kind) {
-		if !seen[k] {
-			seen[k] = true
-			kinds = append(kinds, k)
-		}
-	}
+	configured := netfilter.Kind("")
 	if _, k, err := pm.open(tc.Backend); err == nil {
-		addKind(k)
+		configured = k
 	}
-	for _, m := range markers {
-		if m.Backend != netfilter.Auto {
-			addKind(m.Backend)
-		}
-	}
+	kinds := portstate.GCKinds(configured, markers)
 	var errs []error
 	for _, k := range kinds {
 		fw, _, err := pm.open(k)
@@ -312,46 +293,27 @@ func (pm *portmap) gc(ctx context.Context, in *cniplumb.Input) error {
 	if err := errors.Join(errs...); err != nil {
 		return err // keep the markers, so the next GC or DEL tries again
 	}
-	valid := map[netfilter.OwnerID]bool{}
-	for o := range in.ValidAttachments {
-		if o.Network == network {
-			valid[netfilter.IDOf(o)] = true
-		}
-	}
-	for _, m := range markers {
-		if valid[m.id] {
-			continue
-		}
+	for _, m := range portstate.PlanGC(markers, network, in.ValidAttachments) {
 		// The backends' GC finds attachments through the jumps into their chains;
 		// where someone flushed those away, the marker still names the owner, whose
 		// chain Remove finds by its derived name.
-		if o, ok := ownerOfKey(m.Owner); ok && netfilter.IDOf(o) == m.id {
-			if err := pm.removeWith(ctx, kindsOf(m.marker), o, m.Families); err != nil {
+		if o, ok := portstate.OwnerOfKey(m.Owner); ok && netfilter.IDOf(o) == m.ID {
+			if err := pm.removeWith(ctx, m.Marker.Kinds(), o, m.Families); err != nil {
 				errs = append(errs, err)
 				continue // keep the marker for the next GC
 			}
 		}
-		pm.flush(m.marker)
+		pm.flush(m.Marker)
 		// route_localnet first, as in DEL: a GC killed in between leaves the marker
 		// for the next GC.
 		if m.Localnet != "" {
-			pm.releaseLocalnet(m.Localnet, m.id)
+			pm.releaseLocalnet(m.Localnet, m.ID)
 		}
-		if err := os.Remove(m.file); err != nil && !os.IsNotExist(err) {
-			errs = append(errs, cniplumb.IOError("removing portmap state "+m.file, err))
+		if err := os.Remove(m.File); err != nil && !os.IsNotExist(err) {
+			errs = append(errs, cniplumb.IOError("removing portmap state "+m.File, err))
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// ownerOfKey parses an Owner.Key (network and container ID have no "/", and neither
-// has an interface name).
-func ownerOfKey(key string) (cniplumb.Owner, bool) {
-	f := strings.Split(key, "/")
-	if len(f) != 3 {
-		return cniplumb.Owner{}, false
-	}
-	return cniplumb.Owner{Network: f[0], ContainerID: f[1], IfName: f[2]}, true
 }
 
 // status reports the configured backend unusable (code 50) when it is.

@@ -17,6 +17,7 @@ import (
 	"github.com/podwire/podwire/pkg/cniplumb"
 	"github.com/podwire/podwire/pkg/netfilter"
 	"github.com/podwire/podwire/pkg/netfilter/fake"
+	"github.com/podwire/podwire/pkg/portstate"
 )
 
 // world is the plugin wired to fakes: one HostPortFake per backend kind, a temporary
@@ -65,7 +66,7 @@ func newWorld(t *testing.T) *world {
 			return w.fw[k], k, nil
 		},
 		probe: func() netfilter.Probe { return w.probe },
-		state: stateDir(w.stateDir),
+		state: portstate.Dir(w.stateDir),
 		routeIface: func(a netip.Addr) (string, error) {
 			w.localnet = append(w.localnet, a)
 			return "cni0", w.failLoc
@@ -395,12 +396,12 @@ func TestStateWalk(t *testing.T) {
 }
 
 func TestMarkerRoundTrip(t *testing.T) {
-	d := stateDir(t.TempDir())
-	m := marker{Owner: owner1.Key(), Backend: netfilter.KindIPTables, Families: netfilter.V4, UDP4: []uint16{53}}
-	if err := d.write(owner1, m); err != nil {
+	d := portstate.Dir(t.TempDir())
+	m := portstate.Marker{Owner: owner1.Key(), Backend: netfilter.KindIPTables, Families: netfilter.V4, UDP4: []uint16{53}}
+	if err := d.Write(owner1, m); err != nil {
 		t.Fatal(err)
 	}
-	got, ok, err := d.read(owner1)
+	got, ok, err := d.Read(owner1)
 	if err != nil || !ok || got.Backend != m.Backend || got.Families != m.Families || len(got.UDP4) != 1 {
 		t.Fatalf("read = %+v %v %v", got, ok, err)
 	}
@@ -408,22 +409,22 @@ func TestMarkerRoundTrip(t *testing.T) {
 	if !strings.Contains(string(b), `"backend":"iptables"`) {
 		t.Errorf("marker JSON %s", b)
 	}
-	ls, err := d.list("net1")
-	if err != nil || len(ls) != 1 || ls[0].id != netfilter.IDOf(owner1) {
+	ls, err := d.List("net1")
+	if err != nil || len(ls) != 1 || ls[0].ID != netfilter.IDOf(owner1) {
 		t.Errorf("list = %+v, %v", ls, err)
 	}
-	if ls, _ := d.list("net2"); len(ls) != 0 {
+	if ls, _ := d.List("net2"); len(ls) != 0 {
 		t.Errorf("list of another network = %+v", ls)
 	}
 	// A torn file still means "installed": DEL tries every backend.
-	_ = os.WriteFile(d.path(owner1), []byte("{"), 0o600)
-	if got, ok, _ := d.read(owner1); !ok || got.Backend != netfilter.Auto || got.Families != netfilter.All {
+	_ = os.WriteFile(d.Path(owner1), []byte("{"), 0o600)
+	if got, ok, _ := d.Read(owner1); !ok || got.Backend != netfilter.Auto || got.Families != netfilter.All {
 		t.Errorf("torn marker = %+v %v", got, ok)
 	}
-	if err := d.remove(owner1); err != nil {
+	if err := d.Remove(owner1); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.remove(owner1); err != nil {
+	if err := d.Remove(owner1); err != nil {
 		t.Errorf("second remove: %v", err)
 	}
 }
@@ -498,7 +499,7 @@ func TestRouteLocalnetUsers(t *testing.T) {
 	if _, err := w.pm.add(ctx, input("ADD", a, `,"snat":false`, tcpMapping, dualStack())); err != nil {
 		t.Fatal(err)
 	}
-	if m, _, _ := w.pm.state.read(a); m.Localnet != "" {
+	if m, _, _ := w.pm.state.Read(a); m.Localnet != "" {
 		t.Errorf("snat=false recorded route_localnet on %s", m.Localnet)
 	}
 }

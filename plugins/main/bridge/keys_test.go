@@ -1,0 +1,14 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/podwire/podwire/pkg/confkeys"
+)
+
+// podwire validate's key list for bridge is this plugin's config struct.
+func TestConfKeys(t *testing.T) {
+	if d := confkeys.Diff("bridge", netConf{}); d != "" {
+		t.Error(d)
+	}
+}
