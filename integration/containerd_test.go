@@ -387,6 +387,16 @@ func short(id string) string {
 // runPod runs a sandbox with the hostPort mapping and the bandwidth annotations.
 func runPod(t *testing.T, d *containerd.Daemon, name string, conf *kubenetConf) string {
 	t.Helper()
+	id, err := runPodErr(t, d, name, conf)
+	if err != nil {
+		t.Fatalf("running pod %s: %v", name, err)
+	}
+	return id
+}
+
+// runPodErr is runPod returning crictl's error.
+func runPodErr(t *testing.T, d *containerd.Daemon, name string, _ *kubenetConf) (string, error) {
+	t.Helper()
 	var uid [16]byte
 	if _, err := rand.Read(uid[:]); err != nil {
 		t.Fatal(err)
@@ -406,11 +416,7 @@ func runPod(t *testing.T, d *containerd.Daemon, name string, conf *kubenetConf) 
 		},
 		"linux": map[string]any{"cgroup_parent": d.CgroupParent},
 	}
-	id, err := d.RunPod(name, cfg)
-	if err != nil {
-		t.Fatalf("running pod %s: %v", name, err)
-	}
-	return id
+	return d.RunPod(name, cfg)
 }
 
 // requireCRIReady waits for `crictl info` to report the runtime and the network ready
