@@ -76,6 +76,8 @@ type Daemon struct {
 	cmd          *exec.Cmd
 	exited       chan struct{}
 	logPath      string
+	cfgPath      string
+	netNS        string
 	stopOnce     sync.Once
 	// machineDirs are directories outside Dir that did not exist before Start; stop
 	// removes them again if containerd left them empty.
@@ -105,7 +107,6 @@ func Start(t testing.TB, o Options) *Daemon {
 		State:        filepath.Join(o.Dir, "state"),
 		Socket:       filepath.Join(o.Dir, "containerd.sock"),
 		CgroupParent: "/podwire-e2e-" + hex.EncodeToString(rnd[:]),
-		exited:       make(chan struct{}),
 		logPath:      filepath.Join(o.Dir, "containerd.log"),
 	}
 	for _, dir := range []string{LibcniCacheDir, LibcniCacheDir + "/results", filepath.Dir(shimSocketDir), shimSocketDir} {
@@ -144,27 +145,10 @@ func Start(t testing.TB, o Options) *Daemon {
 	}
 	d.Version = strings.TrimSpace(string(out))
 
-	logFile, err := os.Create(d.logPath)
-	if err != nil {
+	d.cfgPath, d.netNS = cfgPath, o.NetNS
+	if err := d.launch(); err != nil {
 		t.Fatal(err)
 	}
-	// unshare and nsenter exec in place, so cmd's process is containerd itself.
-	d.cmd = exec.Command("unshare", "--mount", "--propagation", "private",
-		"nsenter", "--net="+o.NetNS, lookup(rt.Containerd), "--config", cfgPath, "--log-level", "debug")
-	d.cmd.Env = append(os.Environ(), "PATH="+os.Getenv("PATH")+":"+sbinPath)
-	d.cmd.Stdout, d.cmd.Stderr = logFile, logFile
-	// Its own process group, so a ^C reaches only the test, whose handler below
-	// stops pods and containerd in order.
-	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := d.cmd.Start(); err != nil {
-		logFile.Close()
-		t.Fatalf("starting containerd: %v", err)
-	}
-	go func() {
-		_ = d.cmd.Wait()
-		logFile.Close()
-		close(d.exited)
-	}()
 	d.stopOnSignal()
 	t.Cleanup(d.stop)
 	t.Cleanup(func() {
@@ -178,6 +162,67 @@ func Start(t testing.TB, o Options) *Daemon {
 	}
 	d.importSandboxImage(o.Repo)
 	return d
+}
+
+// launch starts containerd with d's config, appending to its log.
+func (d *Daemon) launch() error {
+	logFile, err := os.OpenFile(d.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	d.exited = make(chan struct{})
+	// unshare and nsenter exec in place, so cmd's process is containerd itself.
+	d.cmd = exec.Command("unshare", "--mount", "--propagation", "private",
+		"nsenter", "--net="+d.netNS, lookup(d.Runtime.Containerd), "--config", d.cfgPath, "--log-level", "debug")
+	d.cmd.Env = append(os.Environ(), "PATH="+os.Getenv("PATH")+":"+sbinPath)
+	d.cmd.Stdout, d.cmd.Stderr = logFile, logFile
+	// Its own process group, so a ^C reaches only the test, whose handler
+	// stops pods and containerd in order.
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := d.cmd.Start(); err != nil {
+		logFile.Close()
+		return fmt.Errorf("starting containerd: %w", err)
+	}
+	exited := d.exited
+	cmd := d.cmd
+	go func() {
+		_ = cmd.Wait()
+		logFile.Close()
+		close(exited)
+	}()
+	return nil
+}
+
+// Restart stops containerd with SIGTERM, as a node's service manager does on an
+// upgrade (its shims, and so the pods, keep running), starts it again with the same
+// config and dirs, and waits for the CRI plugin, which then recovers its sandboxes
+// from containerd's metadata.
+func (d *Daemon) Restart() {
+	t := d.t
+	t.Helper()
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.exited:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("containerd ignored SIGTERM for 15s")
+	}
+	if err := d.launch(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.waitReady(30 * time.Second); err != nil {
+		t.Fatalf("containerd did not come back: %v\n%s", err, d.LogTail(40))
+	}
+}
+
+// Ctr runs this release's ctr against this containerd in the CRI plugin's namespace.
+func (d *Daemon) Ctr(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, lookup(d.Runtime.Ctr), append([]string{"--address", d.Socket, "--namespace", criNamespace}, args...)...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("ctr %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
 }
 
 // LogTail returns the last n lines of containerd's log.
