@@ -14,10 +14,14 @@ LDFLAGS     := -s -w -X github.com/podwire/podwire/pkg/cniplumb.Version=$(VERSIO
 TEST_FLAGS  ?= -count=1 -p 2 -timeout 20m
 
 DIST_DIR    ?= dist
+# Commands built besides the plugins (podwire-agent); dist ships plugins only.
+CMDS        ?= $(wildcard cmd/*)
+IMAGE_NAME  ?= docker.io/podwire/podwire-agent:$(VERSION)
+IMAGE_TAR   ?= $(DIST_DIR)/podwire-agent-$(VERSION)-linux-$(GOARCH).oci.tar
 GOARCH      ?= $(shell $(GO) env GOARCH)
 TARBALL     := podwire-$(VERSION)-linux-$(GOARCH).tgz
 
-.PHONY: all build test unit-test integration-test vet install clean bench bench-quick dist fuzz stress demo
+.PHONY: image all build test unit-test integration-test vet install clean bench bench-quick dist fuzz stress demo
 
 all: build
 
@@ -25,6 +29,7 @@ all: build
 build:
 	@mkdir -p $(BIN_DIR)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN_DIR)/ $(addprefix ./,$(wildcard plugins/main/* plugins/ipam/* plugins/meta/*))
+	$(if $(CMDS),CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN_DIR)/ $(addprefix ./,$(CMDS)))
 
 ## test: gofmt, vet, unit tests and the root-only integration tests (they skip without root)
 ## (unit packages first, in parallel; then the integration tests alone, so traffic-shaping
@@ -59,7 +64,7 @@ install: build
 ## release archives (plugin binaries at the top level), so existing install scripts work
 dist:
 	rm -rf $(DIST_DIR)/stage && mkdir -p $(DIST_DIR)/stage
-	$(MAKE) build BIN_DIR=$(DIST_DIR)/stage
+	$(MAKE) build BIN_DIR=$(DIST_DIR)/stage CMDS=
 	cp LICENSE README.md $(DIST_DIR)/stage/
 	tar -C $(DIST_DIR)/stage --owner=0 --group=0 --numeric-owner --sort=name -czf $(DIST_DIR)/$(TARBALL) .
 	rm -rf $(DIST_DIR)/stage
@@ -80,6 +85,15 @@ bench:
 ## bench-quick: a ~1 minute subset of bench
 bench-quick:
 	PODWIRE_BENCH=quick $(GO) test -count=1 -p 1 -timeout 10m -run TestBench -v ./integration/bench/
+
+## image: podwire-agent's OCI image tarball (agent + plugins), no container daemon needed;
+## load it with `ctr -n k8s.io images import $(IMAGE_TAR)`
+image:
+	rm -rf $(DIST_DIR)/image-bin
+	$(MAKE) build BIN_DIR=$(DIST_DIR)/image-bin
+	@mkdir -p $(DIST_DIR)
+	$(GO) run ./hack/mkimage -agent $(DIST_DIR)/image-bin/podwire-agent -plugins $(DIST_DIR)/image-bin -name $(IMAGE_NAME) -o $(IMAGE_TAR)
+	rm -rf $(DIST_DIR)/image-bin
 
 clean:
 	rm -rf $(BIN_DIR) $(DIST_DIR)
