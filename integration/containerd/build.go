@@ -34,6 +34,12 @@ func EnsureContainerd2(repo string) (Runtime, error) {
 		if err := buildContainerd2(dir); err != nil {
 			return Runtime{}, err
 		}
+	} else {
+		for _, p := range containerd2Programs {
+			if !found(filepath.Join(dir, p)) {
+				return Runtime{}, fmt.Errorf("PODWIRE_CONTAINERD2_DIR=%s has no executable %s: put containerd %s's programs there, or unset it to build them", dir, p, Containerd2Version)
+			}
+		}
 	}
 	return Runtime{
 		Name:          Containerd2Name,
@@ -66,7 +72,7 @@ func buildContainerd2(dir string) error {
 		pkgs = append(pkgs, containerd2Module+"/cmd/"+p+"@"+Containerd2Version)
 	}
 	// -p 1: the machine's cores are shared; a cold build takes a few CPU-minutes.
-	cmd := exec.Command("go", append([]string{"install", "-p", "1", "-trimpath"}, pkgs...)...)
+	cmd := exec.Command("go", append([]string{"install", "-p", "1"}, pkgs...)...)
 	// Outside the module, so the install never touches podwire's go.mod. Without cgo:
 	// only the btrfs snapshotter needs it, and the config disables that.
 	cmd.Dir = os.TempDir()
