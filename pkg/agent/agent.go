@@ -89,14 +89,16 @@ type Agent struct {
 	inst  *install.Installer
 	nodes corelisters.NodeLister
 
-	mu       sync.Mutex
-	list     *libcni.NetworkConfigList // the conflist written, nil before
-	version  string                    // the resolved cniVersion
-	caps     runtimes.Capabilities
-	ready    bool // last STATUS succeeded
-	lastLoop time.Time
-	lastNote string // annotation last written
-	lastCond kube.Condition
+	mu            sync.Mutex
+	list          *libcni.NetworkConfigList // the conflist written, nil before
+	version       string                    // the resolved cniVersion
+	caps          runtimes.Capabilities
+	versionFailed bool
+	ready         bool // last STATUS succeeded
+	lastLoop      time.Time
+	lastStatus    time.Time
+	lastNote      string // annotation last written
+	lastCond      kube.Condition
 }
 
 // New loads the install manifest.
@@ -114,6 +116,7 @@ func New(cfg Config, d Deps) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
+	inst.Skip = []string{"podwire-agent"}
 	return &Agent{cfg: cfg, d: d, inst: inst}, nil
 }
 
@@ -215,8 +218,21 @@ func (a *Agent) Sync(ctx context.Context) {
 	if a.cfg.Routes {
 		a.syncRoutes()
 	}
-	a.status(ctx, self, cidrs)
+	// Other Nodes' heartbeats wake the loop often; STATUS execs every plugin, so it runs
+	// at most every few seconds (and on every status tick).
+	a.mu.Lock()
+	due := time.Since(a.lastStatus) >= statusMinInterval
+	if due {
+		a.lastStatus = time.Now()
+	}
+	a.mu.Unlock()
+	if due {
+		a.status(ctx, self, cidrs)
+	}
 }
+
+// statusMinInterval spaces STATUS runs triggered by Node events.
+const statusMinInterval = 5 * time.Second
 
 // resolveVersion picks the conflist's cniVersion: the flag, or the runtime's.
 func (a *Agent) resolveVersion(ctx context.Context) string {
@@ -228,9 +244,18 @@ func (a *Agent) resolveVersion(ctx context.Context) string {
 	}
 	name, ver, err := a.d.Runtime.Version(ctx)
 	if err != nil {
-		a.d.Log.Warn("cannot ask the runtime its version; writing the conservative cniVersion until it answers", "err", err, "cniVersion", runtimes.Conservative.MaxCNIVersion)
+		a.mu.Lock()
+		first := !a.versionFailed
+		a.versionFailed = true
+		a.mu.Unlock()
+		if first { // once, not on every sync
+			a.d.Log.Warn("cannot ask the runtime its version; writing the conservative cniVersion until it answers", "err", err, "cniVersion", runtimes.Conservative.MaxCNIVersion)
+		}
 		return runtimes.Conservative.MaxCNIVersion
 	}
+	a.mu.Lock()
+	a.versionFailed = false
+	a.mu.Unlock()
 	caps := runtimes.Lookup(name, ver)
 	a.mu.Lock()
 	changed := caps != a.caps
@@ -389,6 +414,9 @@ func (a *Agent) report(ctx context.Context, self *corev1.Node, cond kube.Conditi
 	}
 	if changed {
 		a.d.Log.Info("network condition", "ready", cond.Ready, "reason", cond.Reason, "message", cond.Message)
+	}
+	if !kube.NeedsPatch(self, cond, time.Now(), a.cfg.StatusPeriod) {
+		return
 	}
 	if err := kube.PatchCondition(ctx, a.d.Kube, self, cond, time.Now()); err != nil {
 		a.d.Log.Error("node condition", "err", err)

@@ -78,7 +78,7 @@ func TestAgentOnFakes(t *testing.T) {
 	root := t.TempDir()
 	src := filepath.Join(root, "src")
 	os.MkdirAll(src, 0o755)
-	for _, p := range []string{"bridge", "host-local", "portmap", "bandwidth"} {
+	for _, p := range []string{"bridge", "host-local", "portmap", "bandwidth", "podwire-agent"} {
 		os.WriteFile(filepath.Join(src, p), []byte(p), 0o755)
 	}
 	dataDir := filepath.Join(root, "ipam")
@@ -114,6 +114,9 @@ func TestAgentOnFakes(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(cfg.CNIBinDir, "bridge")); err != nil {
 		t.Error("bridge not installed")
+	}
+	if _, err := os.Stat(filepath.Join(cfg.CNIBinDir, "podwire-agent")); err == nil {
+		t.Error("the agent installed itself as a plugin")
 	}
 	eventually(t, "routes to b and c", func() bool {
 		return rt.Dump() == "10.244.1.0/24 via 192.168.50.2 dev #2 proto 165\n10.244.2.0/24 via 192.168.50.3 dev #2 proto 165"

@@ -45,7 +45,10 @@ const manifestName = "manifest.json"
 type Installer struct {
 	StateDir       string
 	ReplaceForeign bool
-	m              Manifest
+	// Skip names files of the source dir that are not plugins (the agent itself, when
+	// the source dir is a build's bin/).
+	Skip []string
+	m    Manifest
 }
 
 // New loads the manifest from stateDir (none yet is an empty manifest).
@@ -183,7 +186,7 @@ func (in *Installer) Binaries(srcDir, binDir string) ([]Result, error) {
 	var out []Result
 	var errs []error
 	for _, de := range ents {
-		if !de.Type().IsRegular() {
+		if !de.Type().IsRegular() || slices.Contains(in.Skip, de.Name()) || de.Name()[0] == '.' {
 			continue
 		}
 		r, err := in.place(filepath.Join(binDir, de.Name()), filepath.Join(srcDir, de.Name()), nil, Binary, 0o755)

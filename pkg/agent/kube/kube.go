@@ -113,6 +113,23 @@ func PatchCondition(ctx context.Context, c kubernetes.Interface, current *corev1
 	return nil
 }
 
+// NeedsPatch reports whether the Node's condition differs from cond or its heartbeat is
+// older than period: every patch is a Node update every agent's informer sees, so the
+// agent patches only on change and once per period, never per event.
+func NeedsPatch(n *corev1.Node, cond Condition, now time.Time, period time.Duration) bool {
+	status := corev1.ConditionFalse
+	if cond.Ready {
+		status = corev1.ConditionTrue
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == ConditionType {
+			return c.Status != status || c.Reason != cond.Reason || c.Message != cond.Message ||
+				now.Sub(c.LastHeartbeatTime.Time) >= period-period/10
+		}
+	}
+	return true
+}
+
 // PatchAnnotation sets (value != "") or removes (value == "") an annotation of node.
 func PatchAnnotation(ctx context.Context, c kubernetes.Interface, node, key, value string) error {
 	var v any
