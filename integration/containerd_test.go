@@ -34,18 +34,56 @@ const (
 )
 
 // TestContainerd is the end-to-end test of the plugins as production drives them:
-// Debian's containerd (1.6) with its CRI plugin, runc, crictl, and the kubenet
-// conf-example. containerd runs in the test's "node" netns with its own config, root,
-// state and socket; a pod sandbox with a hostPort and the Kubernetes bandwidth
-// annotations must get an address from the conflist's range, answer on its hostPort,
-// have TBF shaping on its host veth, and leave nothing behind once stopped and removed.
+// containerd with its CRI plugin, runc, crictl, and the kubenet conf-example, once with
+// Debian's containerd (1.6) and once with containerd 2.x built from the Go module
+// proxy. containerd runs in the test's "node" netns with its own config, root, state
+// and socket; a pod sandbox with a hostPort and the Kubernetes bandwidth annotations
+// must get an address from the conflist's range, answer on its hostPort, have TBF
+// shaping on its host veth, and leave nothing behind once stopped and removed.
 func TestContainerd(t *testing.T) {
 	nstest.RequireRoot(t)
-	if missing := containerd.Missing(); len(missing) > 0 {
-		msg := fmt.Sprintf("containerd end-to-end test needs Debian packages %s: `apt-get install %s` (.ci/run installs them)",
-			strings.Join(missing, ", "), strings.Join(missing, " "))
-		nstest.Missing(t, "%s", msg)
+	forEachContainerd(t, testContainerdPod)
+}
+
+// forEachContainerd runs f as one subtest per containerd release: Debian's, named by
+// its version (containerd-1.6), and containerd.Containerd2Version built from the Go
+// module proxy (containerd-2.4). A release that is missing, or fails to build, skips
+// its subtest outside CI and fails it under CI=true.
+func forEachContainerd(t *testing.T, f func(t *testing.T, rt containerd.Runtime)) {
+	deb := containerd.Debian()
+	t.Run(deb.Name, func(t *testing.T) {
+		requireRuntime(t, deb)
+		f(t, deb)
+	})
+	t.Run(containerd.Containerd2Name, func(t *testing.T) {
+		repo, err := nstest.RepoRoot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		rt, err := containerd.EnsureContainerd2(repo)
+		if err != nil {
+			nstest.Missing(t, "containerd %s: %v", containerd.Containerd2Version, err)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Logf("built containerd %s from the Go module proxy in %s (cached in %s)", containerd.Containerd2Version, d.Round(time.Second), filepath.Dir(rt.Containerd))
+		}
+		requireRuntime(t, rt)
+		f(t, rt)
+	})
+}
+
+// requireRuntime skips (fails under CI) when Debian packages rt needs are missing.
+func requireRuntime(t *testing.T, rt containerd.Runtime) {
+	t.Helper()
+	if missing := rt.Missing(); len(missing) > 0 {
+		nstest.Missing(t, "%s end-to-end test needs Debian packages %s: `apt-get install %s` (.ci/run installs them)",
+			rt.Name, strings.Join(missing, ", "), strings.Join(missing, " "))
 	}
+}
+
+// testContainerdPod is TestContainerd against one containerd release.
+func testContainerdPod(t *testing.T, rt containerd.Runtime) {
 	h := nstest.New(t)
 	repo, err := nstest.RepoRoot()
 	if err != nil {
@@ -60,7 +98,7 @@ func TestContainerd(t *testing.T) {
 	client := h.NewPod()
 	addUplink(t, h, client)
 	d := containerd.Start(t, containerd.Options{
-		NetNS: h.HostNS.Path(), CNIBinDir: h.BinDir, CNIConfDir: confDir, Dir: t.TempDir(), Repo: repo,
+		NetNS: h.HostNS.Path(), CNIBinDir: h.BinDir, CNIConfDir: confDir, Dir: t.TempDir(), Repo: repo, Runtime: rt,
 	})
 	requireCRIReady(t, d)
 	t.Logf("check: %s runs in the test's node netns %s (pid %d), CRI reports RuntimeReady and NetworkReady", d.Version, h.HostNS.Path(), d.Pid())
@@ -349,6 +387,16 @@ func short(id string) string {
 // runPod runs a sandbox with the hostPort mapping and the bandwidth annotations.
 func runPod(t *testing.T, d *containerd.Daemon, name string, conf *kubenetConf) string {
 	t.Helper()
+	id, err := runPodErr(t, d, name, conf)
+	if err != nil {
+		t.Fatalf("running pod %s: %v", name, err)
+	}
+	return id
+}
+
+// runPodErr is runPod returning crictl's error.
+func runPodErr(t *testing.T, d *containerd.Daemon, name string, _ *kubenetConf) (string, error) {
+	t.Helper()
 	var uid [16]byte
 	if _, err := rand.Read(uid[:]); err != nil {
 		t.Fatal(err)
@@ -368,11 +416,7 @@ func runPod(t *testing.T, d *containerd.Daemon, name string, conf *kubenetConf) 
 		},
 		"linux": map[string]any{"cgroup_parent": d.CgroupParent},
 	}
-	id, err := d.RunPod(name, cfg)
-	if err != nil {
-		t.Fatalf("running pod %s: %v", name, err)
-	}
-	return id
+	return d.RunPod(name, cfg)
 }
 
 // requireCRIReady waits for `crictl info` to report the runtime and the network ready

@@ -1,20 +1,14 @@
 package containerd
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
-	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -36,33 +30,8 @@ const (
 	shimSocketDir  = "/run/containerd/s"
 )
 
-// Programs are the executables a private containerd needs, with the Debian package
-// that ships each.
-var Programs = map[string]string{
-	"containerd":              "containerd",
-	"containerd-shim-runc-v2": "containerd",
-	"ctr":                     "containerd",
-	"runc":                    "runc",
-	"unshare":                 "util-linux",
-	"nsenter":                 "util-linux",
-}
-
 // sbinPath makes runc (in /usr/sbin) findable even when the test runs with a user's PATH.
 const sbinPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-// Missing lists the Debian packages whose programs are not installed.
-func Missing() []string {
-	seen := map[string]bool{}
-	var out []string
-	for prog, pkg := range Programs {
-		if !found(prog) && !seen[pkg] {
-			seen[pkg] = true
-			out = append(out, pkg)
-		}
-	}
-	sort.Strings(out)
-	return out
-}
 
 // found looks prog up in PATH and in the sbin directories a root PATH may lack.
 func found(prog string) bool {
@@ -89,6 +58,8 @@ type Options struct {
 	Dir string
 	// Repo is podwire's checkout: the pause binary is built from it, crictl cached in it.
 	Repo string
+	// Runtime is the containerd release to run; the zero value is Debian's.
+	Runtime Runtime
 }
 
 // Daemon is a running private containerd.
@@ -99,61 +70,19 @@ type Daemon struct {
 	Socket       string // its gRPC (and CRI) socket
 	CgroupParent string // a cgroup parent unique to this daemon, for pod configs
 	Version      string // `containerd --version`
+	Runtime      Runtime
 	crictl       string
 	crictlConf   string
 	cmd          *exec.Cmd
 	exited       chan struct{}
 	logPath      string
+	cfgPath      string
+	netNS        string
 	stopOnce     sync.Once
 	// machineDirs are directories outside Dir that did not exist before Start; stop
 	// removes them again if containerd left them empty.
 	machineDirs []string
 }
-
-const configTemplate = `# Written by podwire's containerd end-to-end test: a private containerd 1.6
-# (config schema version 2) that shares nothing with a system containerd.
-version = 2
-root = %[1]q
-state = %[2]q
-temp = %[3]q
-# Snapshotters this test never uses; skipping them keeps start-up quiet.
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
-
-[grpc]
-  address = %[4]q
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = %[5]q
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = %[6]q
-  # Pod netns are bind-mounted under state, not /var/run/netns.
-  netns_mounts_under_state_dir = true
-  disable_apparmor = true
-  # Never ask for an oom_score_adj below containerd's own: lowering it needs
-  # CAP_SYS_RESOURCE, which sandboxed CI machines drop (runc then fails the sandbox's
-  # default -998 with "failed to update /proc/self/oom_score_adj: Permission denied").
-  restrict_oom_score_adj = true
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = %[7]q
-    conf_dir = %[8]q
-    max_conf_num = 1
-
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        # runc's state goes under ours, not /run/containerd/runc.
-        Root = %[9]q
-        SystemdCgroup = false
-`
 
 // Start writes a config, starts containerd inside o.NetNS and in a private mount
 // namespace (so the overlay, shm and netns mounts it makes never appear in the
@@ -166,14 +95,18 @@ func Start(t testing.TB, o Options) *Daemon {
 	if _, err := rand.Read(rnd[:]); err != nil {
 		t.Fatal(err)
 	}
+	rt := o.Runtime
+	if rt.Containerd == "" {
+		rt = Debian()
+	}
 	d := &Daemon{
 		t:            t,
+		Runtime:      rt,
 		Dir:          o.Dir,
 		Root:         filepath.Join(o.Dir, "root"),
 		State:        filepath.Join(o.Dir, "state"),
 		Socket:       filepath.Join(o.Dir, "containerd.sock"),
 		CgroupParent: "/podwire-e2e-" + hex.EncodeToString(rnd[:]),
-		exited:       make(chan struct{}),
 		logPath:      filepath.Join(o.Dir, "containerd.log"),
 	}
 	for _, dir := range []string{LibcniCacheDir, LibcniCacheDir + "/results", filepath.Dir(shimSocketDir), shimSocketDir} {
@@ -196,39 +129,26 @@ func Start(t testing.TB, o Options) *Daemon {
 	if err := os.WriteFile(d.crictlConf, []byte(crictlConf), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cfg := fmt.Sprintf(configTemplate, d.Root, d.State, filepath.Join(o.Dir, "tmp"), d.Socket,
-		filepath.Join(o.Dir, "opt"), SandboxImage, o.CNIBinDir, o.CNIConfDir, filepath.Join(d.State, "runc"))
+	cfg, err := rt.config(configParams{Root: d.Root, State: d.State, Temp: filepath.Join(o.Dir, "tmp"), Socket: d.Socket,
+		Opt: filepath.Join(o.Dir, "opt"), SandboxImage: SandboxImage, CNIBinDir: o.CNIBinDir, CNIConfDir: o.CNIConfDir,
+		RuncRoot: filepath.Join(d.State, "runc"), Shim: lookup(rt.Shim)})
+	if err != nil {
+		t.Fatal(err)
+	}
 	cfgPath := filepath.Join(o.Dir, "config.toml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command("containerd", "--version").CombinedOutput()
+	out, err := exec.Command(lookup(rt.Containerd), "--version").CombinedOutput()
 	if err != nil {
-		t.Fatalf("containerd --version: %v\n%s", err, out)
+		t.Fatalf("%s --version: %v\n%s", rt.Containerd, err, out)
 	}
 	d.Version = strings.TrimSpace(string(out))
 
-	logFile, err := os.Create(d.logPath)
-	if err != nil {
+	d.cfgPath, d.netNS = cfgPath, o.NetNS
+	if err := d.launch(); err != nil {
 		t.Fatal(err)
 	}
-	// unshare and nsenter exec in place, so cmd's process is containerd itself.
-	d.cmd = exec.Command("unshare", "--mount", "--propagation", "private",
-		"nsenter", "--net="+o.NetNS, "containerd", "--config", cfgPath, "--log-level", "debug")
-	d.cmd.Env = append(os.Environ(), "PATH="+os.Getenv("PATH")+":"+sbinPath)
-	d.cmd.Stdout, d.cmd.Stderr = logFile, logFile
-	// Its own process group, so a ^C reaches only the test, whose handler below
-	// stops pods and containerd in order.
-	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := d.cmd.Start(); err != nil {
-		logFile.Close()
-		t.Fatalf("starting containerd: %v", err)
-	}
-	go func() {
-		_ = d.cmd.Wait()
-		logFile.Close()
-		close(d.exited)
-	}()
 	d.stopOnSignal()
 	t.Cleanup(d.stop)
 	t.Cleanup(func() {
@@ -242,6 +162,67 @@ func Start(t testing.TB, o Options) *Daemon {
 	}
 	d.importSandboxImage(o.Repo)
 	return d
+}
+
+// launch starts containerd with d's config, appending to its log.
+func (d *Daemon) launch() error {
+	logFile, err := os.OpenFile(d.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	d.exited = make(chan struct{})
+	// unshare and nsenter exec in place, so cmd's process is containerd itself.
+	d.cmd = exec.Command("unshare", "--mount", "--propagation", "private",
+		"nsenter", "--net="+d.netNS, lookup(d.Runtime.Containerd), "--config", d.cfgPath, "--log-level", "debug")
+	d.cmd.Env = append(os.Environ(), "PATH="+os.Getenv("PATH")+":"+sbinPath)
+	d.cmd.Stdout, d.cmd.Stderr = logFile, logFile
+	// Its own process group, so a ^C reaches only the test, whose handler
+	// stops pods and containerd in order.
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := d.cmd.Start(); err != nil {
+		logFile.Close()
+		return fmt.Errorf("starting containerd: %w", err)
+	}
+	exited := d.exited
+	cmd := d.cmd
+	go func() {
+		_ = cmd.Wait()
+		logFile.Close()
+		close(exited)
+	}()
+	return nil
+}
+
+// Restart stops containerd with SIGTERM, as a node's service manager does on an
+// upgrade (its shims, and so the pods, keep running), starts it again with the same
+// config and dirs, and waits for the CRI plugin, which then recovers its sandboxes
+// from containerd's metadata.
+func (d *Daemon) Restart() {
+	t := d.t
+	t.Helper()
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.exited:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("containerd ignored SIGTERM for 15s")
+	}
+	if err := d.launch(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.waitReady(30 * time.Second); err != nil {
+		t.Fatalf("containerd did not come back: %v\n%s", err, d.LogTail(40))
+	}
+}
+
+// Ctr runs this release's ctr against this containerd in the CRI plugin's namespace.
+func (d *Daemon) Ctr(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, lookup(d.Runtime.Ctr), append([]string{"--address", d.Socket, "--namespace", criNamespace}, args...)...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("ctr %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
 }
 
 // LogTail returns the last n lines of containerd's log.
@@ -311,7 +292,7 @@ func (d *Daemon) importSandboxImage(repo string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, "ctr", "--address", d.Socket, "--namespace", criNamespace,
+	out, err := exec.CommandContext(ctx, lookup(d.Runtime.Ctr), "--address", d.Socket, "--namespace", criNamespace,
 		"images", "import", tarPath).CombinedOutput()
 	if err != nil {
 		t.Fatalf("ctr images import %s: %v\n%s", tarPath, err, out)
@@ -350,251 +331,4 @@ func (d *Daemon) MustCrictl(args ...string) string {
 		d.t.Fatal(err)
 	}
 	return out
-}
-
-// PodInspect is the part of `crictl inspectp -o json` the test reads.
-type PodInspect struct {
-	Status struct {
-		ID      string `json:"id"`
-		State   string `json:"state"`
-		Network struct {
-			IP            string `json:"ip"`
-			AdditionalIPs []struct {
-				IP string `json:"ip"`
-			} `json:"additionalIps"`
-		} `json:"network"`
-	} `json:"status"`
-	Info struct {
-		Pid         int `json:"pid"`
-		RuntimeSpec struct {
-			Linux struct {
-				Namespaces []struct {
-					Type string `json:"type"`
-					Path string `json:"path"`
-				} `json:"namespaces"`
-			} `json:"linux"`
-		} `json:"runtimeSpec"`
-	} `json:"info"`
-}
-
-// NetNSPath is the pod's network namespace file, as containerd mounted it.
-func (p *PodInspect) NetNSPath() string {
-	for _, n := range p.Info.RuntimeSpec.Linux.Namespaces {
-		if n.Type == "network" {
-			return n.Path
-		}
-	}
-	return ""
-}
-
-// RunPod writes a PodSandboxConfig (JSON) and runs `crictl runp` on it.
-func (d *Daemon) RunPod(name string, config any) (string, error) {
-	b, err := json.MarshalIndent(config, "", "  ")
-	if err != nil {
-		return "", err
-	}
-	path := filepath.Join(d.Dir, name+"-pod.json")
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		return "", err
-	}
-	out, err := d.Crictl("runp", path)
-	return strings.TrimSpace(out), err
-}
-
-// InspectPod runs `crictl inspectp -o json`.
-func (d *Daemon) InspectPod(id string) (*PodInspect, error) {
-	out, err := d.Crictl("inspectp", "-o", "json", id)
-	if err != nil {
-		return nil, err
-	}
-	var p PodInspect
-	if err := json.Unmarshal([]byte(out), &p); err != nil {
-		return nil, fmt.Errorf("parsing crictl inspectp output: %w\n%s", err, out)
-	}
-	return &p, nil
-}
-
-// Mounts lists the mount points under d.Dir in containerd's mount namespace.
-func (d *Daemon) Mounts() ([]string, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/mountinfo", d.Pid()))
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	var out []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) > 4 && strings.HasPrefix(fields[4], d.Dir+"/") {
-			out = append(out, fields[4])
-		}
-	}
-	return out, sc.Err()
-}
-
-// Cgroups lists the cgroup directories below CgroupParent, in every hierarchy.
-func (d *Daemon) Cgroups() []string { return d.cgroupDirs(false) }
-
-// cgroupDirs lists, parents before children, the directories below CgroupParent in
-// every hierarchy, and CgroupParent itself when withParent.
-func (d *Daemon) cgroupDirs(withParent bool) []string {
-	var out []string
-	parents, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", d.CgroupParent))
-	for _, p := range parents {
-		_ = filepath.WalkDir(p, func(path string, e os.DirEntry, err error) error {
-			if err == nil && e.IsDir() && (withParent || path != p) {
-				out = append(out, path)
-			}
-			return nil
-		})
-	}
-	return out
-}
-
-// stopOnSignal handles SIGINT and SIGTERM while the daemon runs. Without it a ^C ends
-// the test binary without running any cleanup, leaving containerd, its shims and the
-// pods running; with it they are stopped first, and then the binary exits as the
-// signal would have made it.
-func (d *Daemon) stopOnSignal() {
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() {
-		select {
-		case s := <-sigs:
-			fmt.Fprintf(os.Stderr, "%v: stopping the test's containerd (%s) before exiting\n", s, d.Socket)
-			d.stop()
-			os.Exit(130)
-		case <-done:
-		}
-	}()
-	d.t.Cleanup(func() {
-		signal.Stop(sigs)
-		close(done)
-	})
-}
-
-// stop removes every pod through CRI (as kubelet would on drain), stops containerd,
-// then kills any shim (and its container processes) that outlived it and removes the
-// test's cgroups. It logs what it had to force, since that means an unclean stop.
-// It runs once, from the test's cleanup or from the signal handler.
-func (d *Daemon) stop() { d.stopOnce.Do(d.doStop) }
-
-func (d *Daemon) doStop() {
-	t := d.t
-	if d.running() {
-		if out, err := d.Crictl("pods", "-q"); err == nil {
-			for _, id := range strings.Fields(out) {
-				if _, err := d.Crictl("stopp", id); err != nil {
-					t.Logf("cleanup: %v", err)
-				}
-				if _, err := d.Crictl("rmp", id); err != nil {
-					t.Logf("cleanup: %v", err)
-				}
-			}
-		}
-		_ = d.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-d.exited:
-		case <-time.After(15 * time.Second):
-			t.Logf("cleanup: containerd ignored SIGTERM for 15s; killing it")
-			_ = d.cmd.Process.Kill()
-			<-d.exited
-		}
-	}
-	d.killShims()
-	d.removeCgroups()
-	for i := len(d.machineDirs) - 1; i >= 0; i-- {
-		_ = os.Remove(d.machineDirs[i]) // only if empty: never anything we did not create
-	}
-}
-
-// killShims finds shims serving this containerd (their -address is our socket) and
-// kills their children (the pods' pause processes) and then the shims themselves.
-func (d *Daemon) killShims() {
-	procs, _ := filepath.Glob("/proc/[0-9]*")
-	ppid := map[int]int{}
-	var shims []int
-	var leftovers []string // files the killed shims' sandboxes leave outside Dir
-	for _, p := range procs {
-		pid, _ := strconv.Atoi(filepath.Base(p))
-		if stat, err := os.ReadFile(p + "/stat"); err == nil {
-			// "pid (comm) state ppid ...": comm may contain spaces, so cut after ')'.
-			if i := bytes.LastIndexByte(stat, ')'); i > 0 {
-				if f := strings.Fields(string(stat[i+1:])); len(f) > 1 {
-					ppid[pid], _ = strconv.Atoi(f[1])
-				}
-			}
-		}
-		cmdline, err := os.ReadFile(p + "/cmdline")
-		if err != nil {
-			continue
-		}
-		args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
-		if !strings.HasPrefix(filepath.Base(args[0]), "containerd-shim") {
-			continue
-		}
-		var addr, ns, id string
-		for i := 0; i+1 < len(args); i++ {
-			switch args[i] {
-			case "-address":
-				addr = args[i+1]
-			case "-namespace":
-				ns = args[i+1]
-			case "-id":
-				id = args[i+1]
-			}
-		}
-		if addr != d.Socket {
-			continue
-		}
-		shims = append(shims, pid)
-		// containerd 1.6 puts shim sockets in /run/containerd/s/ under a hash of
-		// (address, namespace, id); a killed shim leaves its socket behind.
-		sum := sha256.Sum256([]byte(filepath.Join(addr, ns, id)))
-		leftovers = append(leftovers, filepath.Join(shimSocketDir, hex.EncodeToString(sum[:])))
-		// A sandbox whose CNI DEL never ran leaves libcni's cached result behind
-		// (sandbox IDs are 64 hex digits, so the pattern matches only its entries).
-		if len(id) == 64 {
-			cached, _ := filepath.Glob(filepath.Join(LibcniCacheDir, "results", "*-"+id+"-*"))
-			leftovers = append(leftovers, cached...)
-		}
-	}
-	for _, shim := range shims {
-		for pid, parent := range ppid {
-			if parent == shim {
-				d.t.Logf("cleanup: killing pid %d left running under containerd shim %d", pid, shim)
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
-		}
-		d.t.Logf("cleanup: killing containerd shim %d that outlived containerd", shim)
-		_ = syscall.Kill(shim, syscall.SIGKILL)
-	}
-	for deadline := time.Now().Add(10 * time.Second); len(shims) > 0 && time.Now().Before(deadline); {
-		alive := shims[:0]
-		for _, pid := range shims {
-			if syscall.Kill(pid, 0) == nil {
-				alive = append(alive, pid)
-			}
-		}
-		shims = alive
-		time.Sleep(100 * time.Millisecond)
-	}
-	for _, f := range leftovers {
-		if err := os.Remove(f); err == nil {
-			d.t.Logf("cleanup: removed %s", f)
-		}
-	}
-}
-
-// removeCgroups removes CgroupParent and everything below it in every hierarchy,
-// deepest first (cgroup directories are removed with rmdir, never recursively).
-func (d *Daemon) removeCgroups() {
-	dirs := d.cgroupDirs(true)
-	for i := len(dirs) - 1; i >= 0; i-- {
-		// Walk order puts parents first, so reverse order removes children first.
-		if err := os.Remove(dirs[i]); err != nil && !os.IsNotExist(err) {
-			d.t.Errorf("cleanup: removing cgroup %s: %v", dirs[i], err)
-		}
-	}
 }

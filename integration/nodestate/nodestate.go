@@ -144,8 +144,9 @@ func sortedKeys(m map[string]bool) []string {
 
 var (
 	ifindexRe = regexp.MustCompile(`^\d+: `)
-	// Bridge timers count down on their own; they are not state anyone set.
-	brTimerRe  = regexp.MustCompile(`(hello_timer|tcn_timer|topology_change_timer|gc_timer|hold_timer|message_age_timer|forward_delay_timer)\s+[\d.]+`)
+	// Bridge and bridge port timers count down on their own; they are not state anyone
+	// set (the port timers matter when a snapshot is taken with a pod running).
+	brTimerRe  = regexp.MustCompile(`(hello_timer|tcn_timer|topology_change_timer|gc_timer|message_age_timer|forward_delay_timer|hold_timer)\s+[\d.]+`)
 	lifetimeRe = regexp.MustCompile(`\\\s+valid_lft.*$`)
 	// Rule counters count traffic, not configuration (iptables-nft adds one to each rule).
 	nftCounterRe = regexp.MustCompile(`"counter":\s*\{"packets":\s*\d+,\s*"bytes":\s*\d+\}`)
