@@ -2,6 +2,7 @@ package cniplumb
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -10,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/containernetworking/cni/pkg/types"
 )
 
 func TestParseLogConf(t *testing.T) {
@@ -207,5 +210,74 @@ func TestLogProblemWarnsOnStderr(t *testing.T) {
 	}
 	if strings.Contains(r.stdout, "relative") {
 		t.Errorf("the warning reached stdout: %s", r.stdout)
+	}
+}
+
+// TestCallLogStepsAndLevels: steps end up in the final line in the order they ended,
+// decisions are lines of their own at info, steps have their own lines only at debug,
+// and at "error" only a failure is written.
+func TestCallLogStepsAndLevels(t *testing.T) {
+	env := func(k string) string { return map[string]string{"CNI_CONTAINERID": "c9", "CNI_IFNAME": "eth1"}[k] }
+	conf := types.PluginConf{CNIVersion: "1.1.0", Name: "n9"}
+	for _, tc := range []struct {
+		level slog.Level
+		fail  bool
+		want  []string // msg of each line
+	}{
+		{slog.LevelDebug, false, []string{"chose", "step", "step", "done"}},
+		{slog.LevelInfo, false, []string{"chose", "done"}},
+		{slog.LevelWarn, false, nil},
+		{slog.LevelError, true, []string{"failed"}},
+	} {
+		t.Run(tc.level.String(), func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "cni.log")
+			cl := newCallLog("p", LogConf{File: path, Level: tc.level, MaxBytes: DefaultLogMaxBytes}, "ADD", env, conf)
+			ctx := WithLog(context.Background(), cl)
+			Log(ctx).Decision("chose", "backend", "nftables")
+			end := Log(ctx).Step("first")
+			Log(ctx).Step("second")()
+			end()
+			var err error
+			if tc.fail {
+				err = ConfigError("x", "bad x")
+			}
+			cl.finish(nil, err)
+			var lines []map[string]any
+			if _, serr := os.Stat(path); serr == nil {
+				lines = readLogLines(t, path)
+			}
+			var got []string
+			for _, l := range lines {
+				got = append(got, l["msg"].(string))
+				if l["containerID"] != "c9" || l["ifname"] != "eth1" || l["network"] != "n9" || l["verb"] != "ADD" {
+					t.Errorf("line lacks the call's identity: %v", l)
+				}
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Fatalf("lines %v, want %v", got, tc.want)
+			}
+			if len(lines) == 0 {
+				return
+			}
+			last := lines[len(lines)-1]
+			if tc.fail {
+				if last["code"] != float64(7) || last["error"] != "invalid x" {
+					t.Errorf("failure line %v, want code 7 and the message", last)
+				}
+				return
+			}
+			steps, _ := last["steps"].([]any)
+			if len(steps) != 2 || steps[0].(map[string]any)["name"] != "second" || steps[1].(map[string]any)["name"] != "first" {
+				t.Errorf("steps %v, want second then first", last["steps"])
+			}
+		})
+	}
+	// No log: every method is a no-op on nil.
+	var none *CallLog
+	none.Step("x")()
+	none.Decision("x")
+	none.finish(nil, nil)
+	if Log(context.Background()) != nil {
+		t.Error("Log of a plain context is not nil")
 	}
 }
