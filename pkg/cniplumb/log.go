@@ -180,6 +180,14 @@ func (l *CallLog) Decision(msg string, attrs ...any) {
 	l.logger.Info(msg, attrs...)
 }
 
+// Warn records a problem that did not fail the verb, at "warn".
+func (l *CallLog) Warn(msg string, attrs ...any) {
+	if l == nil {
+		return
+	}
+	l.logger.Warn(msg, attrs...)
+}
+
 // Debug records detail that is only wanted at "debug".
 func (l *CallLog) Debug(msg string, attrs ...any) {
 	if l == nil {

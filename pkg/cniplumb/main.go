@@ -93,7 +93,7 @@ func run(name string, v Verbs, env func(string) string) *types.Error {
 	switch cmd {
 	case "ADD", "DEL", "CHECK", "GC", "STATUS":
 		if err := preflightEnv(cmd, env); err != nil {
-			stdin, _ := io.ReadAll(io.LimitReader(os.Stdin, maxStdin))
+			stdin := stdinUnlessTerminal()
 			logRefusal(name, cmd, env, readLogConf(stdin), stdin, err)
 			return toCNIError(err)
 		}
@@ -202,6 +202,17 @@ func logRefusal(name, cmd string, env func(string) string, lc LogConf, stdin []b
 	_ = json.Unmarshal(stdin, &conf) // best effort: only names the network in the line
 	cl := newCallLog(name, lc, cmd, env, conf)
 	cl.finish(nil, err)
+}
+
+// stdinUnlessTerminal reads stdin for a verb refused before stdin was read, so the
+// refusal can be logged; a terminal (an operator trying the binary by hand) is not
+// waited on. A runtime always writes the configuration and closes the pipe.
+func stdinUnlessTerminal() []byte {
+	if st, err := os.Stdin.Stat(); err != nil || st.Mode()&os.ModeCharDevice != 0 {
+		return nil
+	}
+	b, _ := io.ReadAll(io.LimitReader(os.Stdin, maxStdin))
+	return b
 }
 
 // readLogConf reads only the log keys of stdin, for a verb refused before the rest of

@@ -115,7 +115,7 @@ func (p *plugin) add(ctx context.Context, in *cniplumb.Input) (_ types.Result, e
 		return nil, err
 	}
 	for _, w := range hr.Warnings {
-		p.warn(w)
+		p.warn(ctx, w)
 	}
 	if plan.Masq != nil {
 		done := lg.Step("ipMasq rules")

@@ -38,7 +38,7 @@ func (p *plugin) del(ctx context.Context, in *cniplumb.Input) error {
 		return err
 	}
 	for _, w := range warnings {
-		p.warn(fmt.Errorf("DEL goes on despite a configuration ADD would refuse (fix it before the next ADD): %w", w))
+		p.warn(ctx, fmt.Errorf("DEL goes on despite a configuration ADD would refuse (fix it before the next ADD): %w", w))
 	}
 	errs := []error{err}
 	owner := in.Owner()
@@ -156,7 +156,7 @@ func (p *plugin) gc(ctx context.Context, in *cniplumb.Input) error {
 		return err
 	}
 	for _, w := range warnings {
-		p.warn(fmt.Errorf("GC goes on despite a configuration ADD would refuse: %w", w))
+		p.warn(ctx, fmt.Errorf("GC goes on despite a configuration ADD would refuse: %w", w))
 	}
 	errs := []error{err}
 	if t.IPAMType != "" {
