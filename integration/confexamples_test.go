@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -61,6 +62,11 @@ func TestConfExamples(t *testing.T) {
 					}
 				}
 			}
+			// Usable as they are on containerd 1.6 and 1.7, whose libcni 1.1.x knows
+			// cniVersion up to 1.0.0 (README, "cniVersion and runtimes").
+			if v, _ := list["cniVersion"].(string); !slices.Contains([]string{"0.3.1", "0.4.0", "1.0.0"}, v) {
+				t.Errorf("%s has cniVersion %q; containerd 1.6 and 1.7 refuse every pod above 1.0.0: use 1.0.0", file, v)
+			}
 			edited, _ := json.Marshal(list)
 			conf, err := libcni.NetworkConfFromBytes(edited)
 			if err != nil {
@@ -105,6 +111,42 @@ func TestConfExamples(t *testing.T) {
 			}
 			h.MustDel(conf, rt)
 			t.Log("DEL done")
+
+			// An attachment this runtime's libcni cache does not know (its ADD went
+			// through another client, as after a lost cache or a crash before the cache
+			// write). Below 1.1.0 libcni sends no GC verb, so GC leaves it; the same file
+			// at 1.1.0, as the README says to get GC and STATUS, has it removed.
+			other := libcni.NewCNIConfigWithCacheDir([]string{h.BinDir}, t.TempDir(), nil)
+			orphan := h.RT(h.NewPod(), ifName, nstest.WithCaps(caps))
+			if _, err := h.AddWith(other, conf, orphan); err != nil {
+				t.Fatalf("ADD through a second client: %v", err)
+			}
+			leases := len(leaseFiles(t, h, conf))
+			if err := h.GC(conf, nil); err != nil {
+				t.Fatalf("GC: %v", err)
+			}
+			if got := len(leaseFiles(t, h, conf)); got != leases {
+				t.Errorf("GC at cniVersion %s changed the leases from %d to %d; libcni should not send the GC verb below 1.1.0", conf.CNIVersion, leases, got)
+			}
+			list["cniVersion"] = "1.1.0"
+			edited, _ = json.Marshal(list)
+			conf11, err := libcni.NetworkConfFromBytes(edited)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := h.Status(conf11); err != nil {
+				t.Fatalf("STATUS at 1.1.0: %v", err)
+			}
+			if err := h.GC(conf11, nil); err != nil {
+				t.Fatalf("GC at 1.1.0: %v", err)
+			}
+			if got := len(leaseFiles(t, h, conf)); got != 0 {
+				t.Errorf("GC at 1.1.0 with no valid attachment left %d of %d leases", got, leases)
+			}
+			t.Logf("GC: %d leases kept at %s, removed at 1.1.0", leases, conf.CNIVersion)
+			if err := h.DelWith(other, conf, orphan); err != nil {
+				t.Fatalf("DEL of the orphan: %v", err)
+			}
 			settle()
 			h.RequireUnchanged(before)
 		})

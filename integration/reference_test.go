@@ -19,6 +19,7 @@ var referencePkgs = map[string]string{
 	"loopback":   "plugins/main/loopback",
 	"portmap":    "plugins/meta/portmap",
 	"bandwidth":  "plugins/meta/bandwidth",
+	"ptp":        "plugins/main/ptp", // not shipped by podwire: kindnet's main plugin
 }
 
 // referenceDir returns a directory holding only the named reference plugins (links

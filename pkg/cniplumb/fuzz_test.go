@@ -26,7 +26,7 @@ func FuzzParseInput(f *testing.F) {
 		return map[string]string{"CNI_CONTAINERID": "c", "CNI_IFNAME": "eth0", "CNI_NETNS": "/x", "CNI_PATH": "/y"}[k]
 	}
 	f.Fuzz(func(t *testing.T, stdin []byte) {
-		if err := preflightConf(stdin, SupportedVersions); err != nil {
+		if _, err := preflightConf(stdin, SupportedVersions); err != nil {
 			if Code(err) == CodeInternal {
 				t.Fatalf("preflight error without a CNI code: %v", err)
 			}

@@ -98,33 +98,36 @@ func parseInput(cmd string, env func(string) string, stdin []byte) (*Input, erro
 
 // preflightConf checks what skel would otherwise reject with less helpful messages:
 // JSON syntax, the support of cniVersion (none at all is 0.1.0, as skel and libcni read
-// it), and the network name.
-func preflightConf(stdin []byte, supported []string) error {
+// it), and the network name. It also returns the log keys (logFile, logLevel,
+// logMaxBytes), read in the same pass, so a refused verb can be logged too.
+func preflightConf(stdin []byte, supported []string) (lc LogConf, err error) {
 	var c struct {
 		CNIVersion *string `json:"cniVersion"`
 		Name       *string `json:"name"`
 		Type       string  `json:"type"`
+		rawLogConf
 	}
 	if len(bytes.TrimSpace(stdin)) == 0 {
-		return DecodeError("network configuration", fmt.Errorf("stdin is empty; the runtime must pass the network configuration as JSON on stdin"))
+		return lc, DecodeError("network configuration", fmt.Errorf("stdin is empty; the runtime must pass the network configuration as JSON on stdin"))
 	}
 	if err := json.Unmarshal(stdin, &c); err != nil {
-		return DecodeError("network configuration", err)
+		return lc, DecodeError("network configuration", err)
 	}
+	lc = parseLogConf(c.rawLogConf)
 	if c.CNIVersion == nil || *c.CNIVersion == "" {
 		if !slices.Contains(supported, "0.1.0") {
-			return types.NewError(CodeIncompatibleVersion, "incompatible CNI version",
+			return lc, types.NewError(CodeIncompatibleVersion, "incompatible CNI version",
 				fmt.Sprintf("the configuration has no cniVersion, which means 0.1.0; this plugin supports %v: set cniVersion to one of them", supported))
 		}
 	} else if !slices.Contains(supported, *c.CNIVersion) {
-		return types.NewError(CodeIncompatibleVersion, "incompatible CNI version",
+		return lc, types.NewError(CodeIncompatibleVersion, "incompatible CNI version",
 			fmt.Sprintf("cniVersion %q is not supported; this plugin supports %v", *c.CNIVersion, supported))
 	}
 	if c.Name == nil {
-		return ConfigError("name", "the network name is missing; set \"name\" in the conflist")
+		return lc, ConfigError("name", "the network name is missing; set \"name\" in the conflist")
 	}
 	if msg := checkID("network name", *c.Name); msg != "" {
-		return ConfigError("name", "%s", msg)
+		return lc, ConfigError("name", "%s", msg)
 	}
-	return nil
+	return lc, nil
 }

@@ -6,6 +6,7 @@ package cniplumb
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -88,9 +89,12 @@ func run(name string, v Verbs, env func(string) string) *types.Error {
 		about = fmt.Sprintf("CNI plugin %s (podwire %s, %s)", name, Version, BuildStamp)
 	}
 
+	var logConf LogConf
 	switch cmd {
 	case "ADD", "DEL", "CHECK", "GC", "STATUS":
 		if err := preflightEnv(cmd, env); err != nil {
+			stdin := stdinUnlessTerminal()
+			logRefusal(name, cmd, env, readLogConf(stdin), stdin, err)
 			return toCNIError(err)
 		}
 		stdin, err := io.ReadAll(io.LimitReader(os.Stdin, maxStdin+1))
@@ -100,9 +104,12 @@ func run(name string, v Verbs, env func(string) string) *types.Error {
 		if len(stdin) > maxStdin {
 			return toCNIError(DecodeError("network configuration", fmt.Errorf("stdin is larger than %d bytes", maxStdin)))
 		}
-		if err := preflightConf(stdin, v.versions()); err != nil {
+		lc, err := preflightConf(stdin, v.versions())
+		if err != nil {
+			logRefusal(name, cmd, env, lc, stdin, err)
 			return toCNIError(err)
 		}
+		logConf = lc
 		// skel reads stdin itself; hand it the bytes we already consumed.
 		if err := replaceStdin(stdin); err != nil {
 			return toCNIError(IOError("buffering stdin", err))
@@ -114,26 +121,23 @@ func run(name string, v Verbs, env func(string) string) *types.Error {
 	var ctx context.Context = sc
 
 	funcs := skel.CNIFuncs{
-		Add: wrap(ctx, name, env, func(ctx context.Context, in *Input) error {
+		Add: wrap(ctx, name, env, logConf, func(ctx context.Context, in *Input) (types.Result, error) {
 			if v.Add == nil {
-				return fmt.Errorf("%s does not implement ADD", name)
+				return nil, fmt.Errorf("%s does not implement ADD", name)
 			}
 			res, err := v.Add(ctx, in)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			if res == nil {
-				return fmt.Errorf("%s returned no result from ADD", name)
+				return nil, fmt.Errorf("%s returned no result from ADD", name)
 			}
-			if err := types.PrintResult(res, in.Conf.CNIVersion); err != nil {
-				return fmt.Errorf("converting result to cniVersion %q: %w", in.Conf.CNIVersion, err)
-			}
-			return nil
+			return res, nil
 		}),
-		Del:    wrap(ctx, name, env, orNoop(v.Del)),
-		Check:  wrap(ctx, name, env, orNoop(v.Check)),
-		GC:     wrap(ctx, name, env, orNoop(v.GC)),
-		Status: wrap(ctx, name, env, orNoop(v.Status)),
+		Del:    wrap(ctx, name, env, logConf, noResult(v.Del)),
+		Check:  wrap(ctx, name, env, logConf, noResult(v.Check)),
+		GC:     wrap(ctx, name, env, logConf, noResult(v.GC)),
+		Status: wrap(ctx, name, env, logConf, noResult(v.Status)),
 	}
 	return skel.PluginMainFuncsWithError(funcs, info, about)
 }
@@ -142,33 +146,83 @@ func run(name string, v Verbs, env func(string) string) *types.Error {
 // kilobytes.
 const maxStdin = 4 << 20
 
-func orNoop(f func(context.Context, *Input) error) func(context.Context, *Input) error {
-	if f == nil {
-		return func(context.Context, *Input) error { return nil }
+// noResult adapts a verb without a result (nil: one that does nothing) to wrap.
+func noResult(f func(context.Context, *Input) error) func(context.Context, *Input) (types.Result, error) {
+	return func(ctx context.Context, in *Input) (types.Result, error) {
+		if f == nil {
+			return nil, nil
+		}
+		return nil, f(ctx, in)
 	}
-	return f
 }
 
-// wrap adapts a verb to skel: it parses the shared input, turns panics into code-999
-// errors and keeps CNI codes through %w wrapping.
-func wrap(ctx context.Context, name string, env func(string) string, f func(context.Context, *Input) error) func(*skel.CmdArgs) error {
+// wrap adapts a verb to skel: it parses the shared input, opens the verb's log (when
+// the network configuration asks for one), prints ADD's result in the configuration's
+// cniVersion, turns panics into code-999 errors and keeps CNI codes through %w
+// wrapping. The log's final line is written after all of that, panics included.
+func wrap(ctx context.Context, name string, env func(string) string, lc LogConf, f func(context.Context, *Input) (types.Result, error)) func(*skel.CmdArgs) error {
 	return func(args *skel.CmdArgs) (err error) {
+		var cl *CallLog
+		var res types.Result
 		defer func() {
 			if r := recover(); r != nil {
 				fmt.Fprintf(os.Stderr, "%s: panic: %v\n%s", name, r, debug.Stack())
 				err = types.NewError(CodeInternal, fmt.Sprintf("internal error in %s", name),
 					fmt.Sprintf("panic: %v (this is a bug in podwire; the stack trace is on stderr)", r))
 			}
+			cl.finish(res, err)
 		}()
-		in, err := parseInput(env("CNI_COMMAND"), env, args.StdinData)
+		cmd := env("CNI_COMMAND")
+		in, err := parseInput(cmd, env, args.StdinData)
 		if err != nil {
+			logRefusal(name, cmd, env, lc, args.StdinData, err)
 			return err
 		}
-		if err := f(ctx, in); err != nil {
+		cl = newCallLog(name, lc, cmd, env, in.Conf)
+		res, err = f(WithLog(ctx, cl), in)
+		if err != nil {
 			return toCNIError(err)
+		}
+		if res != nil {
+			if err := types.PrintResult(res, in.Conf.CNIVersion); err != nil {
+				return fmt.Errorf("converting result to cniVersion %q: %w", in.Conf.CNIVersion, err)
+			}
 		}
 		return nil
 	}
+}
+
+// logRefusal logs a verb refused before it ran (bad environment, configuration or
+// cniVersion), when the configuration could be read far enough to name a log file.
+func logRefusal(name, cmd string, env func(string) string, lc LogConf, stdin []byte, err error) {
+	if lc.File == "" && lc.Problem == "" {
+		return
+	}
+	var conf types.PluginConf
+	_ = json.Unmarshal(stdin, &conf) // best effort: only names the network in the line
+	cl := newCallLog(name, lc, cmd, env, conf)
+	cl.finish(nil, err)
+}
+
+// stdinUnlessTerminal reads stdin for a verb refused before stdin was read, so the
+// refusal can be logged; a terminal (an operator trying the binary by hand) is not
+// waited on. A runtime always writes the configuration and closes the pipe.
+func stdinUnlessTerminal() []byte {
+	if st, err := os.Stdin.Stat(); err != nil || st.Mode()&os.ModeCharDevice != 0 {
+		return nil
+	}
+	b, _ := io.ReadAll(io.LimitReader(os.Stdin, maxStdin))
+	return b
+}
+
+// readLogConf reads only the log keys of stdin, for a verb refused before the rest of
+// the configuration was checked.
+func readLogConf(stdin []byte) LogConf {
+	var r rawLogConf
+	if json.Unmarshal(stdin, &r) != nil {
+		return LogConf{}
+	}
+	return parseLogConf(r)
 }
 
 // preflightEnv validates the CNI_* variables the command needs, with messages that

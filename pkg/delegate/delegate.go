@@ -42,6 +42,7 @@ type Builtin struct {
 // plugin's would be.
 func (d Delegator) Add(ctx context.Context, in *cniplumb.Input, plugin string) (types.Result, error) {
 	v, ok := d.local(in, plugin)
+	cniplumb.Log(ctx).Decision("ipam", "plugin", plugin, "inProcess", ok && v.Add != nil)
 	if !ok || v.Add == nil {
 		return execAdd(ctx, plugin, in.Stdin)
 	}

@@ -38,16 +38,20 @@ func add(ctx context.Context, in *cniplumb.Input) (types.Result, error) {
 			return nil, err
 		}
 	}
+	lg := cniplumb.Log(ctx)
 	st, err := disk.Open(conf.DataDir, conf.Network, disk.Options{})
 	if err != nil {
 		return nil, err
 	}
+	done := lg.Step("host-local allocate")
 	allocs, err := ipam.Allocate(ctx, st, conf, owner(in))
+	done()
 	if err != nil {
 		return nil, fmt.Errorf("leasing addresses for %s in network %s: %w", owner(in), conf.Network, err)
 	}
 	for _, a := range allocs {
 		res.IPs = append(res.IPs, &current.IPConfig{Address: a.Address, Gateway: a.Gateway})
+		lg.Decision("leased", "address", a.Address.String(), "dataDir", conf.DataDir)
 	}
 	return res, nil
 }
@@ -59,6 +63,7 @@ func del(ctx context.Context, in *cniplumb.Input) error {
 	if st == nil || err != nil {
 		return err
 	}
+	defer cniplumb.Log(ctx).Step("host-local release")()
 	if err := ipam.Release(ctx, st, owner(in)); err != nil {
 		return fmt.Errorf("releasing the leases of %s in network %s: %w", owner(in), sc.Network, err)
 	}
@@ -126,6 +131,8 @@ func gc(ctx context.Context, in *cniplumb.Input) error {
 	for o := range in.ValidAttachments {
 		valid = append(valid, ipam.Owner{ContainerID: o.ContainerID, IfName: o.IfName})
 	}
+	cniplumb.Log(ctx).Decision("gc", "validAttachments", len(valid), "dataDir", sc.DataDir)
+	defer cniplumb.Log(ctx).Step("host-local gc")()
 	if err := ipam.GC(ctx, st, valid); err != nil {
 		return fmt.Errorf("garbage-collecting leases of network %s: %w", sc.Network, err)
 	}

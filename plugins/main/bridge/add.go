@@ -39,6 +39,8 @@ func (p *plugin) add(ctx context.Context, in *cniplumb.Input) (_ types.Result, e
 	}
 	// The masquerade backend is picked before anything changes: a missing one is the
 	// operator's to fix and must not leave a half-made pod behind.
+	lg := cniplumb.Log(ctx)
+	lg.Decision("plan", "bridge", plan.Bridge.Name, "hostVeth", plan.Veth.HostName, "layer3", c.Layer3, "ipMasq", c.raw.IPMasq)
 	var masq netfilter.MasqBackend
 	if c.raw.IPMasq && c.Layer3 {
 		if masq, err = p.masq.Open(c.Backend); err != nil {
@@ -48,11 +50,17 @@ func (p *plugin) add(ctx context.Context, in *cniplumb.Input) (_ types.Result, e
 	var undo cleanup.Stack
 	defer undo.RunIfFailed(&err)
 
+	done := lg.Step("ensure bridge")
 	br, err := p.links.EnsureBridge(ctx, plan.Bridge)
+	done()
 	if err != nil {
 		return nil, err
 	}
-	if err := p.links.CreateVeth(ctx, plan.Veth); err != nil {
+	lg.Debug("bridge", "name", br.Name, "created", br.Created)
+	done = lg.Step("create veth")
+	err = p.links.CreateVeth(ctx, plan.Veth)
+	done()
+	if err != nil {
 		if link.IsExists(err) {
 			return nil, fmt.Errorf("%w: attachment %s is live (this is a repeated ADD) or was not deleted; the runtime must DEL it before adding it again", err, owner)
 		}
@@ -80,7 +88,10 @@ func (p *plugin) add(ctx context.Context, in *cniplumb.Input) (_ types.Result, e
 	}
 	var ipamRes *current.Result
 	if c.Layer3 {
-		if ipamRes, err = p.lease(ctx, in, c, &undo); err != nil {
+		done := lg.Step("ipam " + c.IPAMType)
+		ipamRes, err = p.lease(ctx, in, c, &undo)
+		done()
+		if err != nil {
 			return nil, err
 		}
 		ap, err := planAddresses(c, owner, ipamRes)
@@ -90,19 +101,27 @@ func (p *plugin) add(ctx context.Context, in *cniplumb.Input) (_ types.Result, e
 		plan.withAddresses(c, ap)
 	}
 	if plan.Pod != nil {
-		if err := p.links.ConfigurePod(ctx, *plan.Pod); err != nil {
+		done := lg.Step("configure pod interface")
+		err := p.links.ConfigurePod(ctx, *plan.Pod)
+		done()
+		if err != nil {
 			return nil, fmt.Errorf("configuring %s in %s: %w", in.IfName, in.Netns, err)
 		}
 	}
+	done = lg.Step("configure host")
 	hr, err := p.links.ConfigureHost(ctx, plan.Host)
+	done()
 	if err != nil {
 		return nil, err
 	}
 	for _, w := range hr.Warnings {
-		p.warn(w)
+		p.warn(ctx, w)
 	}
 	if plan.Masq != nil {
-		if err := masq.Apply(ctx, *plan.Masq); err != nil {
+		done := lg.Step("ipMasq rules")
+		err := masq.Apply(ctx, *plan.Masq)
+		done()
+		if err != nil {
 			return nil, fmt.Errorf("installing ipMasq rules for %s: %w", owner, err)
 		}
 		undo.Push("remove the ipMasq rules of "+owner.String(), func() error {

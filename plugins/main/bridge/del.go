@@ -38,7 +38,7 @@ func (p *plugin) del(ctx context.Context, in *cniplumb.Input) error {
 		return err
 	}
 	for _, w := range warnings {
-		p.warn(fmt.Errorf("DEL goes on despite a configuration ADD would refuse (fix it before the next ADD): %w", w))
+		p.warn(ctx, fmt.Errorf("DEL goes on despite a configuration ADD would refuse (fix it before the next ADD): %w", w))
 	}
 	errs := []error{err}
 	owner := in.Owner()
@@ -46,21 +46,34 @@ func (p *plugin) del(ctx context.Context, in *cniplumb.Input) error {
 	// after the link has left both namespaces; the rules do not depend on it and are
 	// removed meanwhile (DEL through libcni: 46 ms median without this, 35 ms with it;
 	// integration/bridge_latency_test.go). The lease waits for the links.
+	lg := cniplumb.Log(ctx)
 	linksDone := make(chan error, 1)
-	go func() { linksDone <- p.deleteLinks(ctx, in, owner) }()
+	go func() {
+		defer lg.Step("delete links")()
+		linksDone <- p.deleteLinks(ctx, in, owner)
+	}()
 	if t.MacSpoofChk {
-		if err := p.spoof.Remove(ctx, owner); err != nil {
+		done := lg.Step("remove macspoofchk")
+		err := p.spoof.Remove(ctx, owner)
+		done()
+		if err != nil {
 			errs = append(errs, fmt.Errorf("removing the macspoofchk rules of %s: %w", owner, err))
 		}
 	}
 	if t.IPMasq && t.IPAMType != "" {
-		if err := p.masq.Remove(ctx, owner, prevAddrs(in.PrevResult)); err != nil {
+		done := lg.Step("remove ipMasq rules")
+		err := p.masq.Remove(ctx, owner, prevAddrs(in.PrevResult))
+		done()
+		if err != nil {
 			errs = append(errs, fmt.Errorf("removing the ipMasq rules of %s: %w", owner, err))
 		}
 	}
 	errs = append(errs, <-linksDone)
 	if t.IPAMType != "" {
-		if err := p.ipam.Del(ctx, in, t.IPAMType); err != nil {
+		done := lg.Step("ipam " + t.IPAMType)
+		err := p.ipam.Del(ctx, in, t.IPAMType)
+		done()
+		if err != nil {
 			errs = append(errs, fmt.Errorf("IPAM plugin %q: %w", t.IPAMType, err))
 		}
 	}
@@ -143,7 +156,7 @@ func (p *plugin) gc(ctx context.Context, in *cniplumb.Input) error {
 		return err
 	}
 	for _, w := range warnings {
-		p.warn(fmt.Errorf("GC goes on despite a configuration ADD would refuse: %w", w))
+		p.warn(ctx, fmt.Errorf("GC goes on despite a configuration ADD would refuse: %w", w))
 	}
 	errs := []error{err}
 	if t.IPAMType != "" {

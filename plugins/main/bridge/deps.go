@@ -85,10 +85,11 @@ func (s hostSpoof) GC(ctx context.Context, network string, keep cniplumb.Owners,
 	return s.MacSpoof.GC(ctx, network, keep, ours)
 }
 
-// warn reports a problem that does not fail the verb.
-func (p *plugin) warn(err error) {
+// warn reports a problem that does not fail the verb, on stderr and in the verb's log.
+func (p *plugin) warn(ctx context.Context, err error) {
 	if err != nil {
 		fmt.Fprintf(p.stderr, "bridge: warning: %v\n", err)
+		cniplumb.Log(ctx).Warn("warning", "warning", err.Error())
 	}
 }
 

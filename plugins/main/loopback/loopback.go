@@ -26,8 +26,10 @@ const loName = "lo"
 // 0.2.0 to 0.4.0 it keeps the 1.x shape (IP configs without "version", no "dns"),
 // where converting to those versions would add them; without cniVersion (a 1.1.0
 // label then) it is converted to 0.1.0.
-func add(_ context.Context, in *cniplumb.Input) (types.Result, error) {
+func add(ctx context.Context, in *cniplumb.Input) (types.Result, error) {
 	var first []net.IPNet // the first address of each family, as the reference reports
+	done := cniplumb.Log(ctx).Step("bring lo up")
+	defer done()
 	err := ns.WithNetNSPath(in.Netns, func(ns.NetNS) error {
 		lo, err := netlinksafe.LinkByName(loName)
 		if err != nil {

@@ -35,14 +35,22 @@ func (s *shaper) add(ctx context.Context, in *cniplumb.Input) (types.Result, err
 	if err != nil {
 		return nil, err
 	}
+	lg := cniplumb.Log(ctx)
 	if req.Empty() {
+		lg.Decision("no bandwidth request: nothing to do")
 		return in.Prev, nil
 	}
+	done := lg.Step("plan")
 	plan, err := s.plan(ctx, in, req)
+	done()
 	if err != nil {
 		return nil, err
 	}
-	if err := s.tc.Apply(ctx, plan); err != nil {
+	lg.Decision("shaping", "from", fromOrConf(req.From), "ingress", req.Ingress.String(), "egress", req.Egress.String(), "ifb", plan.IFB)
+	done = lg.Step("apply tc")
+	err = s.tc.Apply(ctx, plan)
+	done()
+	if err != nil {
 		return nil, fmt.Errorf("shaping %s of container %s: %w", in.IfName, in.ContainerID, err)
 	}
 	res := *prev
@@ -144,6 +152,7 @@ func (s *shaper) del(ctx context.Context, in *cniplumb.Input) error {
 		// Gone, or not a veth (then nothing of ours is on it): the IFBs still go.
 		dev = ""
 	}
+	defer cniplumb.Log(ctx).Step("remove tc")()
 	if err := s.tc.Remove(ctx, tc.Removal{Dev: dev, IFBs: ifbs}); err != nil {
 		return fmt.Errorf("removing shaping of %s of container %s: %w", in.IfName, in.ContainerID, err)
 	}
@@ -202,4 +211,12 @@ func (s *shaper) status(ctx context.Context, _ *cniplumb.Input) error {
 		return cniplumb.NotAvailable("bandwidth cannot shape traffic on this node: %v; build or load the missing kernel support", err)
 	}
 	return nil
+}
+
+// fromOrConf names where a request came from, for the log.
+func fromOrConf(from string) string {
+	if from == "" {
+		return "plugin configuration"
+	}
+	return from
 }

@@ -46,12 +46,23 @@ type rawConf struct {
 
 // parseConf reads the bandwidth request from the network configuration. When
 // runtimeConfig.bandwidth is present (the runtime passes it for a pod with bandwidth
-// annotations) it wins over the plugin-level keys as a whole; otherwise the plugin-level
-// keys apply. Every problem with a value is a code-7 error naming the key.
+// annotations) its rates and bursts win over the plugin-level ones as a whole;
+// otherwise the plugin-level keys apply. Every problem with a value is a code-7 error
+// naming the key.
+//
+// unshapedSubnets and shapedSubnets are refused wherever they are, for every pod: the
+// plugin shapes all of a pod's traffic, so honouring them for some pods and not others
+// would shape traffic the operator asked to leave alone, depending on whether the pod
+// has annotations. (Until issue 17 the plugin-level keys were refused for pods without
+// annotations and ignored for annotated ones.) The reference v1.10.0 does not know
+// these keys and ignores them.
 func parseConf(stdin []byte) (Request, error) {
 	var c rawConf
 	if err := json.Unmarshal(stdin, &c); err != nil {
 		return Request{}, cniplumb.DecodeError("network configuration", err)
+	}
+	if err := refuseSubnets(c.rawEntry, ""); err != nil {
+		return Request{}, err
 	}
 	entry, from := c.rawEntry, ""
 	if !isNull(c.RuntimeConfig) {
@@ -72,16 +83,25 @@ func parseConf(stdin []byte) (Request, error) {
 	return parseEntry(entry, from)
 }
 
-func parseEntry(e rawEntry, from string) (Request, error) {
-	r := Request{From: from}
+// refuseSubnets is the code-7 error for a non-empty unshapedSubnets or shapedSubnets
+// in e (see parseConf).
+func refuseSubnets(e rawEntry, from string) error {
 	for _, s := range []struct {
 		key string
 		raw json.RawMessage
 	}{{"unshapedSubnets", e.UnshapedSubnets}, {"shapedSubnets", e.ShapedSubnets}} {
 		if !isNull(s.raw) && !bytes.Equal(bytes.TrimSpace(s.raw), []byte("[]")) {
-			return r, cniplumb.ConfigError(keyOf(from, s.key),
-				"%s is not supported by podwire's bandwidth plugin (it shapes all of a pod's traffic); remove it", keyOf(from, s.key))
+			return cniplumb.ConfigError(keyOf(from, s.key),
+				"%s is not supported by podwire's bandwidth plugin: it shapes all of a pod's traffic, for pods with and without bandwidth annotations (the reference v1.10.0 has no such key and shapes everything too); remove it", keyOf(from, s.key))
 		}
+	}
+	return nil
+}
+
+func parseEntry(e rawEntry, from string) (Request, error) {
+	r := Request{From: from}
+	if err := refuseSubnets(e, from); err != nil {
+		return r, err
 	}
 	var err error
 	if r.Ingress, err = parseDirection(from, "ingress", e.IngressRate, e.IngressBurst); err != nil {

@@ -42,6 +42,12 @@ func TestParseConf(t *testing.T) {
 		{name: "burst above the reference's 4 GiB", conf: head + `,"ingressRate":1000,"ingressBurst":34359738360}`, wantErr: "too large"},
 		{name: "below 1 kbit/s", conf: head + `,"egressRate":999}`, wantErr: "smallest rate is 1000"},
 		{name: "burst without rate", conf: head + `,"egressBurst":1000}`, wantErr: "egressBurst is 1000 but egressRate is 0"},
+		{name: "plugin-level unshapedSubnets, no annotations", conf: head + `,"unshapedSubnets":["10.0.0.0/8"],"egressRate":1000}`, wantErr: "unshapedSubnets is not supported"},
+		{name: "plugin-level unshapedSubnets, annotated pod", conf: head + `,"unshapedSubnets":["10.0.0.0/8"],"runtimeConfig":{"bandwidth":{"egressRate":7000000,"egressBurst":4294967295}}}`, wantErr: "unshapedSubnets is not supported"},
+		{name: "plugin-level shapedSubnets, annotated pod", conf: head + `,"shapedSubnets":["10.0.0.0/8"],"runtimeConfig":{"bandwidth":{"egressRate":7000000}}}`, wantErr: "shapedSubnets is not supported"},
+		{name: "plugin-level unshapedSubnets, nothing shaped", conf: head + `,"unshapedSubnets":["10.0.0.0/8"]}`, wantErr: "unshapedSubnets is not supported"},
+		{name: "empty subnets, annotated pod", conf: head + `,"unshapedSubnets":[],"runtimeConfig":{"bandwidth":{"egressRate":7000000}}}`,
+			want: Request{Egress: Direction{7_000_000, 0}, From: "runtimeConfig.bandwidth"}},
 		{name: "subnets unsupported", conf: head + `,"runtimeConfig":{"bandwidth":{"shapedSubnets":["10.0.0.0/8"]}}}`, wantErr: "shapedSubnets is not supported"},
 		{name: "bandwidth not an object", conf: head + `,"runtimeConfig":{"bandwidth":42}}`, wantErr: "must be an object"},
 	} {

@@ -49,7 +49,9 @@ func (pm *portmap) add(ctx context.Context, in *cniplumb.Input) (_ types.Result,
 	if err != nil {
 		return nil, err
 	}
+	lg := cniplumb.Log(ctx)
 	if len(conf.Mappings) == 0 {
+		lg.Decision("no portMappings: nothing to do")
 		return in.Prev, nil
 	}
 	owner := in.Owner()
@@ -64,6 +66,7 @@ func (pm *portmap) add(ctx context.Context, in *cniplumb.Input) (_ types.Result,
 	if err != nil {
 		return nil, err
 	}
+	lg.Decision("host ports", "backend", string(kind), "mappings", len(conf.Mappings), "snat", plan.SNAT)
 	var undo cleanup.Stack
 	defer undo.RunIfFailed(&err)
 	// A repeated ADD of the attachment: rules the new plan does not replace (another
@@ -101,7 +104,9 @@ func (pm *portmap) add(ctx context.Context, in *cniplumb.Input) (_ types.Result,
 			holdErr = pm.localnet.hold(m.Localnet, netfilter.IDOf(owner))
 		}
 	}()
+	done := lg.Step("apply rules (" + string(kind) + ")")
 	applyErr := fw.Apply(ctx, plan)
+	done()
 	<-held
 	if m.Localnet != "" && holdErr == nil {
 		undo.Push("release route_localnet on "+m.Localnet, func() error { return pm.localnet.release(m.Localnet, netfilter.IDOf(owner)) })
@@ -115,7 +120,9 @@ func (pm *portmap) add(ctx context.Context, in *cniplumb.Input) (_ types.Result,
 	}
 	// Flush only after the DNAT exists: flushing first lets a packet in between
 	// re-create the very entry removed.
+	done = lg.Step("conntrack flush")
 	pm.flush(m)
+	done()
 	return in.Prev, nil
 }
 
@@ -181,11 +188,14 @@ func (pm *portmap) del(ctx context.Context, in *cniplumb.Input) error {
 				pm.releaseLocalnet(m.Localnet, netfilter.IDOf(owner))
 			}
 		}()
+		done := cniplumb.Log(ctx).Step("remove rules")
 		err := pm.removeWith(ctx, m.Kinds(), owner, m.Families)
+		done()
 		<-released
 		if err != nil {
 			return err
 		}
+		defer cniplumb.Log(ctx).Step("conntrack flush")()
 		pm.flush(m)
 		return pm.state.Remove(owner)
 	}
