@@ -25,7 +25,7 @@ func TestValidateFindings(t *testing.T) {
 		want       []string // substrings of the findings; none: no finding at all
 	}{
 		{"good", `{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge","ipam":{"type":"host-local","ranges":[[{"subnet":"10.1.0.0/24"}]]}},{"type":"portmap","capabilities":{"portMappings":true}}]}`, nil},
-		{"logFile and logLevel are known", `{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"loopback","logFile":"/var/log/podwire.log","logLevel":"debug"}]}`, nil},
+		{"logFile, logLevel and logMaxBytes are known", `{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"loopback","logFile":"/var/log/podwire.log","logLevel":"debug","logMaxBytes":1048576}]}`, nil},
 		{"foreign plugin keys are not judged", `{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"},{"type":"portmap","capabilities":{"portMappings":true}},{"type":"loopback"},{"type":"bandwidth","capabilities":{"bandwidth":true},"foo":1}]}`,
 			[]string{`unknown key "foo"`}},
 		{"nested typo", `{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge","ipam":{"type":"host-local","rnages":[[{"subnet":"10.1.0.0/24"}]]}}]}`,

@@ -42,6 +42,10 @@ type LogConf struct {
 	Problem string
 }
 
+// LogKeys is the opt-in log's keys as a plugin's configuration carries them (podwire
+// validate reads their names from it).
+type LogKeys = rawLogConf
+
 // rawLogConf are the keys as they appear in the configuration. They are json.RawMessage
 // so a wrong type is a warning, never a decoding failure of the whole configuration.
 type rawLogConf struct {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/podwire/podwire/pkg/cniplumb"
 	"github.com/podwire/podwire/pkg/ipam"
 )
 
@@ -23,7 +24,7 @@ var List = []string{"cniVersion", "cniVersions", "name", "disableCheck", "disabl
 
 // Common is the keys every plugin entry may carry: the spec's (types.PluginConf), what
 // runtimes inject (args, runtimeConfig), and the opt-in log every podwire plugin reads.
-var Common = append(FromStruct(types.PluginConf{}), "args", "runtimeConfig", "cni.dev/attachments", "logFile", "logLevel")
+var Common = slices.Concat(FromStruct(types.PluginConf{}), []string{"args", "runtimeConfig", "cni.dev/attachments"}, FromStruct(cniplumb.LogKeys{}))
 
 // Plugins is each podwire plugin's own keys, beside Common.
 var Plugins = map[string][]string{
