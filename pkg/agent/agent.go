@@ -55,6 +55,7 @@ type Config struct {
 	CNICacheDir    string
 	ClusterCIDRs   []netip.Prefix
 	GCPeriod       time.Duration
+	GCGrace        time.Duration // attachments with a younger lease are kept (gc.Young)
 	StatusPeriod   time.Duration
 	StateDir       string
 	ReplaceForeign bool
@@ -460,6 +461,9 @@ func (a *Agent) RunGC(ctx context.Context) {
 	}
 	d := &gc.Driver{CNI: a.d.CNI,
 		Counter: gc.HostCounter{DataDir: dataDir, CNI: a.d.CNI, Links: a.d.Links},
+		Young: func(ctx context.Context, network string) ([]types.GCAttachment, error) {
+			return gc.Young(ctx, dataDir, network, a.cfg.GCGrace, time.Now())
+		},
 		Sandboxes: func(ctx context.Context) ([]string, error) {
 			sbs, err := a.d.Runtime.Sandboxes(ctx)
 			ids := make([]string, 0, len(sbs))

@@ -99,6 +99,7 @@ func Reclaimed(before, after Snapshot) map[string]int {
 // Result is one GC run.
 type Result struct {
 	Valid     int            // valid attachments passed
+	Young     int            // of those, kept only for their young lease (see Young)
 	Stale     int            // cached attachments of the network that were not valid
 	Reclaimed map[string]int // by kind; nil when no Counter
 }
@@ -108,6 +109,9 @@ type Driver struct {
 	CNI       CNI
 	Sandboxes func(ctx context.Context) ([]string, error)
 	Counter   Counter // may be nil
+	// Young returns attachments to keep although no live sandbox holds them: those
+	// whose ADD may still be running (see Young). May be nil.
+	Young func(ctx context.Context, network string) ([]types.GCAttachment, error)
 }
 
 // ForGC returns a copy of list at cniVersion 1.1.0 (see the package comment).
@@ -144,7 +148,19 @@ func (d *Driver) Run(ctx context.Context, list *libcni.NetworkConfigList) (Resul
 		return Result{}, fmt.Errorf("reading libcni's result cache: %w", err)
 	}
 	valid := ValidAttachments(list.Name, ids, cached)
-	res := Result{Valid: len(valid)}
+	n := len(valid)
+	if d.Young != nil {
+		young, err := d.Young(ctx, list.Name)
+		if err != nil {
+			return Result{}, fmt.Errorf("not running GC, the attachments whose ADD may still run are unknown: %w", err)
+		}
+		for _, a := range young {
+			if !slices.Contains(valid, a) {
+				valid = append(valid, a)
+			}
+		}
+	}
+	res := Result{Valid: len(valid), Young: len(valid) - n}
 	for _, a := range cached {
 		if a.Network == list.Name && !slices.Contains(valid, types.GCAttachment{ContainerID: a.ContainerID, IfName: a.IfName}) {
 			res.Stale++
