@@ -20,6 +20,10 @@ import (
 	"github.com/podwire/podwire/integration/nodestate"
 )
 
+// noShapingEnv set to 1 leaves the bandwidth plugin out of the conflist: pod B is not
+// shaped, and the demo must fail at its throughput step (TestDemoFailsWithoutShaping).
+const noShapingEnv = "PODWIRE_DEMO_NO_SHAPING"
+
 const (
 	nodeUplinkIP   = "192.0.2.1"
 	clientUplinkIP = "192.0.2.2"
@@ -108,11 +112,18 @@ func (d *demo) loadConflist(name string) (*libcni.NetworkConfigList, error) {
 	if err := json.Unmarshal(raw, &list); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
+	var plugins []any
 	for _, p := range list["plugins"].([]any) {
 		if ipam, ok := p.(map[string]any)["ipam"].(map[string]any); ok {
 			ipam["dataDir"] = d.dataDir
 		}
+		if p.(map[string]any)["type"] == "bandwidth" && os.Getenv(noShapingEnv) == "1" {
+			say("%s=1: the bandwidth plugin is left out of %s, so the throughput step must fail", noShapingEnv, name)
+			continue
+		}
+		plugins = append(plugins, p)
 	}
+	list["plugins"] = plugins
 	b, _ := json.Marshal(list)
 	say("conflist %s (dataDir -> %s)", path, d.dataDir)
 	return libcni.NetworkConfFromBytes(b)
