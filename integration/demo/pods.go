@@ -26,9 +26,9 @@ const containerdBurst = 4294967295
 const podBRate = 10_000_000
 
 func (d *demo) addPods(ctx context.Context) error {
-	d.a.rt = &libcni.RuntimeConf{ContainerID: "demo-pod-a", NetNS: d.a.ns.Path(), IfName: "eth0",
+	d.a.rt = &libcni.RuntimeConf{ContainerID: d.runID + "-pod-a", NetNS: d.a.ns.Path(), IfName: "eth0",
 		CapabilityArgs: map[string]any{"portMappings": []map[string]any{{"hostPort": hostPort, "containerPort": 80, "protocol": "tcp"}}}}
-	d.b.rt = &libcni.RuntimeConf{ContainerID: "demo-pod-b", NetNS: d.b.ns.Path(), IfName: "eth0",
+	d.b.rt = &libcni.RuntimeConf{ContainerID: d.runID + "-pod-b", NetNS: d.b.ns.Path(), IfName: "eth0",
 		CapabilityArgs: map[string]any{"bandwidth": map[string]any{
 			"ingressRate": podBRate, "ingressBurst": containerdBurst, "egressRate": podBRate, "egressBurst": containerdBurst}}}
 	for _, p := range []*pod{d.a, d.b} {
@@ -233,7 +233,7 @@ func (d *demo) delPods(ctx context.Context) error {
 		case l == "":
 		case strings.HasPrefix(l, "== "):
 			section = strings.TrimPrefix(l, "== ")
-		case keptByDesign(section, l):
+		case keptByDesign(section, l, d.bridge):
 			kept = append(kept, section+": "+l)
 		default:
 			other = append(other, section+": "+l)
@@ -255,16 +255,16 @@ func (d *demo) delPods(ctx context.Context) error {
 // keptByDesign reports whether a diff line is node-level setup the network keeps for
 // its next pod: the bridge (with its gateway address and subnet route) and the
 // forwarding/bridge-netfilter/route_localnet sysctls.
-func keptByDesign(section, line string) bool {
+func keptByDesign(section, line, br string) bool {
 	switch section {
 	case "links", "addrs", "routes4", "routes6", "qdiscs":
 		// Only additions: the bridge (with its gateway address, subnet route and noqueue
 		// qdisc) did not exist before.
-		return strings.HasPrefix(line, "+ ") && (strings.Contains(line, " cni0") || strings.Contains(line, "cni0:") || strings.HasPrefix(line, "+ cni0"))
+		return strings.HasPrefix(line, "+ ") && (strings.Contains(line, " "+br) || strings.Contains(line, br+":") || strings.HasPrefix(line, "+ "+br))
 	case "sysctls":
 		// A change from 0 to 1 shows as a removed and an added line.
 		return strings.Contains(line, "ip_forward") || strings.Contains(line, "forwarding") ||
-			strings.Contains(line, "bridge-nf-call") || strings.Contains(line, "/cni0/route_localnet")
+			strings.Contains(line, "bridge-nf-call") || strings.Contains(line, "/"+br+"/route_localnet")
 	}
 	return false
 }
