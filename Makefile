@@ -4,32 +4,43 @@ GO          ?= go
 BIN_DIR     ?= bin
 CNI_BIN_DIR ?= /opt/cni/bin
 DESTDIR     ?=
-VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# The release semver is in VERSION; builds between releases add git describe's -N-gHASH
+# (.ci/version says how). `make VERSION=x` overrides it.
+VERSION     ?= $(shell bash .ci/version)
+ifeq ($(VERSION),)
+$(error no version: .ci/version failed (see above); VERSION must hold a semver such as 0.1.0)
+endif
 PLUGINS     := $(notdir $(wildcard plugins/main/* plugins/ipam/* plugins/meta/*))
 # The sources every plugin is built from: plugins built from the same sources run each
 # other in-process (bridge runs host-local without a second process; see pkg/cniplumb).
 BUILD_STAMP := podwire-build:$(shell cat go.mod go.sum $$(find pkg plugins -name '*.go' ! -name '*_test.go' | LC_ALL=C sort) | sha256sum | cut -c1-16)
-LDFLAGS     := -s -w -X github.com/podwire/podwire/pkg/cniplumb.Version=$(VERSION) -X github.com/podwire/podwire/pkg/cniplumb.BuildStamp=$(BUILD_STAMP)
+LDFLAGS     := -s -w -buildid= -X github.com/podwire/podwire/pkg/cniplumb.Version=$(VERSION) -X github.com/podwire/podwire/pkg/cniplumb.BuildStamp=$(BUILD_STAMP)
 # 2 cores: keep test parallelism sane.
 TEST_FLAGS  ?= -count=1 -p 2 -timeout 20m
 
 DIST_DIR    ?= dist
-# Commands built besides the plugins (podwire-agent); dist ships plugins only.
+# Commands built besides the plugins (podwire, podwire-agent); dist ships plugins only.
 CMDS        ?= $(wildcard cmd/*)
+GOARCH      ?= $(shell $(GO) env GOARCH)
 IMAGE_NAME  ?= docker.io/podwire/podwire-agent:$(VERSION)
 IMAGE_TAR   ?= $(DIST_DIR)/podwire-agent-$(VERSION)-linux-$(GOARCH).oci.tar
-GOARCH      ?= $(shell $(GO) env GOARCH)
-TARBALL     := podwire-$(VERSION)-linux-$(GOARCH).tgz
+# The reference's release architectures (arm is GOARM=7, the Go default the reference's
+# cross-builds get); the GO<arch> levels are pinned so an environment cannot change bytes.
+DIST_ARCHES ?= amd64 arm64 arm ppc64le s390x riscv64
+DIST_GOFLAGS ?= -mod=readonly
+DIST_GOENV  = CGO_ENABLED=0 GOOS=linux GOFLAGS="$(DIST_GOFLAGS)" GOAMD64=v1 GOARM=7 GOARM64=v8.0 GOPPC64=power8 GORISCV64=rva20u64
+# Every file in the tarballs gets the commit's time (reproducible-builds.org's variable).
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 
-.PHONY: image all build test unit-test integration-test vet install clean bench bench-quick dist fuzz stress demo
+.PHONY: all build test unit-test integration-test vet install clean bench bench-quick dist notice image fuzz stress demo
 
 all: build
 
 ## build: every plugin and command (podwire, podwire-agent) into bin/, stripped, with the version
 build:
 	@mkdir -p $(BIN_DIR)
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN_DIR)/ $(addprefix ./,$(wildcard plugins/main/* plugins/ipam/* plugins/meta/*))
-	$(if $(CMDS),CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN_DIR)/ $(addprefix ./,$(CMDS)))
+	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags '$(LDFLAGS)' -o $(BIN_DIR)/ $(addprefix ./,$(wildcard plugins/main/* plugins/ipam/* plugins/meta/*))
+	$(if $(CMDS),CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags '$(LDFLAGS)' -o $(BIN_DIR)/ $(addprefix ./,$(CMDS)))
 
 ## test: gofmt, vet, unit tests and the root-only integration tests (they skip without root)
 ## (unit packages first, in parallel; then the integration tests alone, so traffic-shaping
@@ -60,15 +71,22 @@ install: build
 	install -d $(DESTDIR)$(CNI_BIN_DIR)
 	for p in $(PLUGINS); do install -m 0755 $(BIN_DIR)/$$p $(DESTDIR)$(CNI_BIN_DIR)/$$p; done
 
-## dist: release tarball podwire-<version>-linux-<arch>.tgz, laid out like the reference
-## release archives (plugin binaries at the top level), so existing install scripts work
+## dist: release tarballs podwire-<version>-linux-<arch>.tgz for every DIST_ARCHES, each
+## with .sha256 and .sha512 beside it (sha256sum -c format), laid out like the reference
+## release archives (plugin binaries at the top level, LICENSE, README.md, NOTICE), so
+## existing install scripts work. Byte-reproducible for one commit and Go toolchain.
 dist:
 	rm -rf $(DIST_DIR)/stage && mkdir -p $(DIST_DIR)/stage
-	$(MAKE) build BIN_DIR=$(DIST_DIR)/stage CMDS=
-	cp LICENSE README.md $(DIST_DIR)/stage/
-	tar -C $(DIST_DIR)/stage --owner=0 --group=0 --numeric-owner --sort=name -czf $(DIST_DIR)/$(TARBALL) .
+	for a in $(DIST_ARCHES); do \
+	  $(DIST_GOENV) GOARCH=$$a $(MAKE) --no-print-directory build CMDS= VERSION='$(VERSION)' BIN_DIR=$(DIST_DIR)/stage/$$a || exit 1; \
+	done
+	$(GO) run ./tools/release pack -version '$(VERSION)' -mtime '$(SOURCE_DATE_EPOCH)' \
+	  -stage $(DIST_DIR)/stage -out $(DIST_DIR) -docs LICENSE,README.md,NOTICE $(DIST_ARCHES)
 	rm -rf $(DIST_DIR)/stage
-	@echo $(DIST_DIR)/$(TARBALL)
+
+## notice: regenerate NOTICE from the Go modules compiled into the plugins
+notice:
+	$(GO) run ./tools/release notice > NOTICE.new && mv NOTICE.new NOTICE
 
 ## stress: the long reliability churn (600 attachments, SIGKILLs, GC, leak check)
 stress:

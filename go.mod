@@ -8,6 +8,7 @@ require (
 	github.com/coreos/go-iptables v0.8.0
 	github.com/google/go-cmp v0.7.0
 	github.com/google/go-containerregistry v0.22.1
+	github.com/google/licensecheck v0.3.1
 	github.com/google/nftables v0.3.0
 	github.com/mdlayher/netlink v1.11.2
 	github.com/prometheus/client_golang v1.25.0

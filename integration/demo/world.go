@@ -20,6 +20,10 @@ import (
 	"github.com/podwire/podwire/integration/nodestate"
 )
 
+// noShapingEnv set to 1 leaves the bandwidth plugin out of the conflist: pod B is not
+// shaped, and the demo must fail at its throughput step (TestDemoFailsWithoutShaping).
+const noShapingEnv = "PODWIRE_DEMO_NO_SHAPING"
+
 const (
 	nodeUplinkIP   = "192.0.2.1"
 	clientUplinkIP = "192.0.2.2"
@@ -41,6 +45,8 @@ type demo struct {
 	tmp      string
 	binDir   string
 	dataDir  string
+	bridge   string // the conflist's bridge, renamed for this run (see loadConflist)
+	runID    string // prefix of this run's container IDs
 	node     ns.NetNS
 	client   ns.NetNS
 	a, b     *pod
@@ -77,6 +83,13 @@ func (d *demo) build(context.Context) error {
 	}
 	d.binDir = filepath.Join(d.tmp, "bin")
 	d.dataDir = filepath.Join(d.tmp, "leases")
+	// Names of this run's own: podwire keeps per-attachment and per-interface-name state
+	// in /run/podwire, which every network namespace on the machine shares, so a demo
+	// (or test) running at the same time with the same container IDs or bridge name
+	// would read this run's records (seen: its DEL releasing route_localnet on the
+	// other run's cni0 and leaving this one's on).
+	d.runID = fmt.Sprintf("demo%d", os.Getpid())
+	d.bridge = fmt.Sprintf("cni-demo%d", os.Getpid()%100000)
 	cmd := exec.Command("make", "-s", "build", "BIN_DIR="+d.binDir)
 	cmd.Dir = d.root
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -96,8 +109,9 @@ func (d *demo) build(context.Context) error {
 	return err
 }
 
-// loadConflist reads a conf-example; the only change is dataDir, so leases go to the
-// demo's private directory instead of /var/lib/cni/networks.
+// loadConflist reads a conf-example; the only changes are dataDir, so leases go to the
+// demo's private directory instead of /var/lib/cni/networks, and the bridge's name, one
+// of this run's own (see build).
 func (d *demo) loadConflist(name string) (*libcni.NetworkConfigList, error) {
 	path := filepath.Join(d.root, "conf-examples", name)
 	raw, err := os.ReadFile(path)
@@ -108,13 +122,25 @@ func (d *demo) loadConflist(name string) (*libcni.NetworkConfigList, error) {
 	if err := json.Unmarshal(raw, &list); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
+	var plugins []any
+	changes := "dataDir -> " + d.dataDir
 	for _, p := range list["plugins"].([]any) {
 		if ipam, ok := p.(map[string]any)["ipam"].(map[string]any); ok {
 			ipam["dataDir"] = d.dataDir
 		}
+		if _, ok := p.(map[string]any)["bridge"]; ok {
+			p.(map[string]any)["bridge"] = d.bridge
+			changes += ", bridge -> " + d.bridge
+		}
+		if p.(map[string]any)["type"] == "bandwidth" && os.Getenv(noShapingEnv) == "1" {
+			say("%s=1: the bandwidth plugin is left out of %s, so the throughput step must fail", noShapingEnv, name)
+			continue
+		}
+		plugins = append(plugins, p)
 	}
+	list["plugins"] = plugins
 	b, _ := json.Marshal(list)
-	say("conflist %s (dataDir -> %s)", path, d.dataDir)
+	say("conflist %s (%s)", path, changes)
 	return libcni.NetworkConfFromBytes(b)
 }
 
@@ -199,7 +225,7 @@ func (d *demo) world(context.Context) error {
 		return fmt.Errorf("creating the warm-up pod netns: %w", err)
 	}
 	defer func() { _ = warm.Close(); _ = testutils.UnmountNS(warm) }()
-	wrt := &libcni.RuntimeConf{ContainerID: "demo-warm-up", NetNS: warm.Path(), IfName: "eth0"}
+	wrt := &libcni.RuntimeConf{ContainerID: d.runID + "-warm-up", NetNS: warm.Path(), IfName: "eth0"}
 	err = d.inNode(func() error {
 		if _, err := d.cni.AddNetworkList(context.Background(), d.net, wrt); err != nil {
 			return err
@@ -215,23 +241,23 @@ func (d *demo) world(context.Context) error {
 	if d.before, err = nodestate.Take(d.node.Path(), d.dataDir); err != nil {
 		return fmt.Errorf("snapshot before: %w", err)
 	}
-	say("node network set up by a warm-up pod (ADD then DEL): bridge cni0, forwarding sysctls")
+	say("node network set up by a warm-up pod (ADD then DEL): bridge %s, forwarding sysctls", d.bridge)
 	say("snapshot of the node taken (links, addresses, routes, sysctls, iptables, nft, qdiscs, filters, leases)")
 	return nil
 }
 
-// settleBridge waits until cni0 without ports shows no carrier and its IPv6 link-local
+// settleBridge waits until the bridge without ports shows no carrier and its IPv6 link-local
 // address has finished DAD, so the snapshot does not race the kernel.
 func (d *demo) settleBridge() error {
 	for i := 0; i < 100; i++ {
-		l, _ := exec.Command("nsenter", "--net="+d.node.Path(), "ip", "-o", "link", "show", "cni0").CombinedOutput()
-		a, _ := exec.Command("nsenter", "--net="+d.node.Path(), "ip", "-o", "addr", "show", "dev", "cni0").CombinedOutput()
+		l, _ := exec.Command("nsenter", "--net="+d.node.Path(), "ip", "-o", "link", "show", d.bridge).CombinedOutput()
+		a, _ := exec.Command("nsenter", "--net="+d.node.Path(), "ip", "-o", "addr", "show", "dev", d.bridge).CombinedOutput()
 		if strings.Contains(string(l), "NO-CARRIER") && strings.Contains(string(a), "fe80::") && !strings.Contains(string(a), "tentative") {
 			return nil
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return fmt.Errorf("bridge cni0 did not settle within 5 s after the warm-up pod")
+	return fmt.Errorf("bridge %s did not settle within 5 s after the warm-up pod", d.bridge)
 }
 
 // teardown removes everything the demo made, whatever state it is in.
