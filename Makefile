@@ -64,6 +64,7 @@ integration-test:
 vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	bash .ci/spdx --check
 	$(GO) vet ./...
 
 ## install: the plugins into $(DESTDIR)$(CNI_BIN_DIR) (default /opt/cni/bin)

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command podwire-agent makes a Kubernetes node network-complete for podwire's plugins:
 // it installs them, writes the conflist for the Node's pod CIDRs, keeps host-gw routes
 // and the masquerade in sync, drives the chain's GC and reports STATUS and free

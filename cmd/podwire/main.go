@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command podwire is the node operator's view of podwire's CNI plugins: it finds the
 // networks as runtimes do and reads each one's own state (leases, veths, host-port
 // and masquerade rules, qdiscs and IFBs, portmap's markers) through the plugins' own

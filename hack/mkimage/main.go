@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command mkimage builds podwire-agent's OCI image without a container daemon
 // (github.com/google/go-containerregistry): one layer holding the agent at
 // /podwire-agent and the plugins under /podwire/bin, written as an OCI image layout in a

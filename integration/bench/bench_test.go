@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package bench is `make bench`: podwire's plugins measured side by side with the
 // reference plugins (containernetworking/plugins at ReferenceVersion) and a no-op floor,
 // through libcni in namespaces it creates, interleaved so machine drift cancels. It

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package containerd runs a private containerd (Debian's 1.6 series) for podwire's
 // end-to-end test: its own config, root, state dir and socket under a temporary
 // directory, inside a network namespace the test owns, with the CRI plugin's CNI bin

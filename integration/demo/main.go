@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command demo is `make demo`: podwire's main job, end to end, in a minute. It builds
 // the plugins into a private CNI bin dir, runs conf-examples/10-kubenet.conflist (bridge
 // + host-local + portmap + bandwidth) and 99-loopback.conflist through libcni exactly

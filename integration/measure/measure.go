@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package measure runs traffic measurements between network namespaces: iperf3
 // throughput as the receiver saw it, on the wire, and ping round trips while a load
 // runs. Integration tests use it to assert shaping accuracy; `make bench` uses it to

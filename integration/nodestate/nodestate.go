@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package nodestate takes a text snapshot of everything podwire may touch on a node
 // (links, addresses, routes, sysctls, iptables and nftables rules, qdiscs and filters,
 // lease files) inside one network namespace, so a test can assert that DEL or GC

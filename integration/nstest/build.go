@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package nstest is podwire's integration-test harness: it builds the plugins once,
 // gives each test fresh "host" and "pod" network namespaces with a unique name prefix,
 // drives the built binaries through libcni exactly as containerd and CRI-O do, and

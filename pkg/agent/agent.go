@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package agent is podwire-agent's node loop: install the plugins, write the conflist
 // for the Node's pod CIDRs, keep host-gw routes and the masquerade in sync with the
 // cluster's Nodes, drive the chain's GC, and report STATUS and free addresses on the

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package cleanup is the undo stack every podwire change uses: each side effect pushes
 // its inverse as it happens, and a change that fails runs the inverses newest first,
 // so it leaves exactly what was there before it started.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package cniplumb is the CNI plumbing every podwire plugin shares: wiring of the six
 // verbs through skel, validation of the CNI_* environment and the network name with
 // messages that name the bad value, version negotiation and result conversion, and the

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package confkeys knows the configuration keys every podwire plugin reads, for
 // `podwire validate`'s unknown-key check and its "did you mean". The keys are the
 // JSON names of the plugins' own config structs: host-local's come from pkg/ipam by

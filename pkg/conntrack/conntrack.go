@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package conntrack removes connection-tracking entries through netlink (no exec of the
 // conntrack tool). portmap uses it so that UDP flows which conntrack pinned to an old
 // destination do not keep black-holing traffic after a host port is mapped or

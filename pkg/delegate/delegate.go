@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package delegate runs delegated plugins (IPAM plugins named in ipam.type): executed
 // from CNI_PATH as the CNI library's invoke.Delegate* does (exec.go), or, when the file found is podwire's own
 // build of a plugin whose verbs the caller links in, in the caller's process. It is a

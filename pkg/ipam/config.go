@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package ipam is host-local's address management: configuration parsing (ranges,
 // range sets, requested addresses), the round-robin allocator, and the Store seam with
 // an in-memory Fake. The reference-compatible on-disk store is in pkg/ipam/disk.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package link is the link work of podwire's bridge plugin behind a small Backend
 // interface (backend.go): the node bridge, one veth pair per pod, the pod interface's
 // addresses, routes and sysctls, the gateway addresses and node sysctls. Netlink

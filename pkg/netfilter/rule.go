@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package netfilter is podwire's packet-filter layer, shared by bridge (ipMasq,
 // macspoofchk) and portmap. An attachment's rules are plain data (a HostPortPlan, a
 // MasqPlan, or a Plan of backend-neutral Rules) owned by one cniplumb.Owner; a layout

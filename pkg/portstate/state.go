@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package portstate is portmap's marker files: one small file per attachment with host
 // ports, recording what ADD installed, so that DEL, CHECK and GC (and `podwire
 // inspect` and `gc --dry-run`) need neither portMappings again nor a look at the

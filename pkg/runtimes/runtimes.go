@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package runtimes knows what each CRI runtime's CNI layer can do: the highest CNI spec
 // version its vendored libcni accepts in a conflist, and whether it ever calls the STATUS
 // and GC verbs. The agent asks the runtime for its name and version over the CRI Version

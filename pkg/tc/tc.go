@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package tc shapes a pod's traffic on the host side of its veth with token bucket
 // filters, through netlink (never the tc binary).
 //

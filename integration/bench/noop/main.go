@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command noop is the benchmark floor: the smallest Go CNI plugin, built on skel alone
 // (not on podwire's plumbing, so our plumbing's cost shows in our numbers). Chained, it
 // passes prevResult through; first in a chain it returns the result given in its

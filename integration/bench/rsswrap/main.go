@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command rsswrap runs the program named by its first argument with the rest as
 // arguments, passing stdin, stdout, stderr and the environment through, and writes
 // the program's peak RSS in KiB (wait4's ru_maxrss) as one decimal line to file

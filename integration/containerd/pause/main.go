@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command pause is the sandbox ("pause") process for the containerd end-to-end test.
 // No registry is reachable from the test machines, so the test builds this static
 // binary and packs it into a one-layer OCI image that containerd uses as its

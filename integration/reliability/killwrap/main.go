@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command killwrap stands in a CNI_PATH directory under the name of a real plugin and
 // runs that plugin (from $PODWIRE_REAL_CNI_DIR) as a child. With probability
 // $PODWIRE_KILL_PROB it SIGKILLs the child after a random delay of up to

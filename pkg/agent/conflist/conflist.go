@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package conflist renders the node's network configuration list: the kubenet chain
 // (bridge with host-local, portmap, bandwidth) for the Node's pod CIDRs. It is pure: the
 // same inputs give the same bytes, so the agent can compare before it writes.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package cri is the agent's view of the container runtime over its CRI socket (the
 // cri-api gRPC client): the runtime's name and version, and the pod sandboxes it knows.
 package cri

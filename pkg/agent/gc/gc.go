@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package gc drives the chain's CNI GC, which containerd never calls
 // (containerd/containerd#12130) and CRI-O calls only at startup: the agent lists the
 // runtime's pod sandboxes over CRI, builds cni.dev/valid-attachments from them and

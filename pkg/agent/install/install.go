@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package install puts the plugin binaries and the conflist on the host, atomically, and
 // remembers exactly what it wrote (a manifest with content hashes in the state dir), so
 // that an upgrade replaces only its own files and uninstall removes only those whose

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package kube is the agent's Kubernetes side: reading Nodes, and writing its own Node's
 // PodwireNetworkReady condition and podwire.io/free-addresses annotation.
 package kube

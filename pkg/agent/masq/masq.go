@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package masq plans the agent's masquerade: pod traffic from this node's pod CIDRs to
 // anywhere outside the cluster CIDRs is masqueraded; pod-to-pod traffic across nodes is
 // not (the Kubernetes network model: pods see each other's real addresses). The rules go

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package metrics holds the agent's Prometheus metrics, all prefixed podwire_agent_, on
 // a registry of their own (plus the Go and process collectors).
 package metrics

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package routes keeps the host-gw routes to other nodes' pod CIDRs: for every other
 // Node whose InternalIP is on a subnet this host is directly connected to, one route per
 // pod CIDR via that InternalIP. Every route carries Protocol, podwire's route protocol

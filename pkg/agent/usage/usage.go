@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package usage counts, per pod CIDR range, the addresses host-local has leased and the
 // ones it can still hand out, so an exhausted node is visible (a Node annotation and
 // metrics; the scheduler cannot see it otherwise: containernetworking/plugins#338).

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package disk_test
 
 // These tests prove file compatibility with the reference host-local by driving its

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package disk is host-local's lease store on disk, file-compatible with the
 // reference host-local (containernetworking/plugins) so either binary can take over
 // from the other under live pods:

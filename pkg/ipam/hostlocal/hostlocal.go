@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package hostlocal is the host-local IPAM plugin's verbs: node-local address leases
 // in the reference host-local's on-disk format. The host-local command wires them to
 // cniplumb.Main; bridge runs them in its own process when the host-local it would

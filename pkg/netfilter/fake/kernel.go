@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package fake is an in-memory kernel for the netfilter layer's unit tests.
 package fake
 

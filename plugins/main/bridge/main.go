@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command bridge is podwire's drop-in replacement for the reference bridge plugin: it
 // creates the node bridge, connects each pod with a veth pair, delegates addressing to
 // an IPAM plugin and optionally masquerades pod traffic (iptables or nftables).

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command loopback brings up the lo interface inside a container's network namespace.
 package main
 

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command bandwidth is podwire's drop-in replacement for the reference bandwidth plugin:
 // a chained plugin that shapes a pod's traffic in both directions with token bucket
 // filters on the host side of its veth (see README.md for keys, formulas and accuracy).

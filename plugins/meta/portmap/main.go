@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command portmap is podwire's drop-in replacement for the reference portmap plugin: a
 // chained plugin that forwards host ports to a pod (Kubernetes hostPort,
 // "capabilities": {"portMappings": true}) with nftables or iptables rules owned per
