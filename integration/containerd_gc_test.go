@@ -35,7 +35,7 @@ import (
 // exactly as before that pod with the running pod untouched. podwire-agent runs this
 // driver at startup and every --gc-period, so a leak is gone within one period; the
 // binary itself needs an API server (it has no mode without one), so its periodic
-// loop is tested with the kube-apiserver harness, not here.
+// loop is TestAgentGCWithContainerd (agent_cluster_gc_test.go).
 func TestContainerdAgentGC(t *testing.T) {
 	nstest.RequireRoot(t)
 	forEachContainerd(t, testContainerdAgentGC)

@@ -4,6 +4,7 @@ package integration
 
 import (
 	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/podwire/podwire/integration/nstest"
@@ -12,5 +13,8 @@ import (
 func TestMain(m *testing.M) {
 	code := m.Run()
 	nstest.CleanupBinDir()
+	if agentBinPath != "" {
+		os.RemoveAll(filepath.Dir(agentBinPath))
+	}
 	os.Exit(code)
 }
