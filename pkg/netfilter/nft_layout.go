@@ -185,14 +185,7 @@ func (l *nftLayout) ownerPick(o Owner) func(key, net string) bool {
 
 // stalePick selects the rules of network's attachments that keep does not hold.
 func (l *nftLayout) stalePick(network string, keep cniplumb.Owners) func(key, net string) bool {
-	kept := map[string]bool{}
-	for o := range keep {
-		if o.Network == network {
-			kept[l.key(o)] = true
-		}
-	}
-	nk := l.netKey(network)
-	return func(key, net string) bool { return net == nk && !kept[key] }
+	return stalePick(l.key, l.netKey, network, keep)
 }
 
 func (l *nftLayout) fixedMissing(st nftState, chain string) bool {
