@@ -154,14 +154,14 @@ func (l *nftLayout) readChains(c NFTConn, chains []*nftables.Chain) (nftState, e
 	return st, nil
 }
 
-// readOwners dumps the own chains of the attachments keys name.
+// readOwners dumps the own chains of the attachments keys name (none without
+// ownerChains).
 func (l *nftLayout) readOwners(c NFTConn, keys []string) (nftState, []*nftables.Chain, error) {
-	if l.ownerChains == nil {
-		return nftState{exists: map[string]bool{}}, nil, nil
-	}
 	var chains []*nftables.Chain
 	for _, k := range keys {
-		chains = append(chains, l.ownerChains(k)...)
+		if l.ownerChains != nil {
+			chains = append(chains, l.ownerChains(k)...)
+		}
 	}
 	st, err := l.readChains(c, chains)
 	return st, chains, err
