@@ -4,10 +4,7 @@ package netfilter
 
 import (
 	"os/exec"
-	"path/filepath"
 	"strconv"
-
-	"github.com/coreos/go-iptables/iptables"
 )
 
 // IPTablesInfo is what `podwire doctor` reports of fam's iptables.
@@ -25,38 +22,24 @@ func ProbeIPTables(fam Family) IPTablesInfo {
 		return IPTablesInfo{}
 	}
 	info := IPTablesInfo{Path: path, Flavour: "unknown"}
-	if resolved, err := filepath.EvalSymlinks(path); err == nil {
-		switch modeOfBinary(resolved) {
-		case xtNFT:
-			info.Flavour = "nf_tables"
-		case xtLegacy:
-			info.Flavour = "legacy"
-		}
+	switch modeOfPath(path) {
+	case xtNFT:
+		info.Flavour = "nf_tables"
+	case xtLegacy:
+		info.Flavour = "legacy"
 	}
-	proto := iptables.ProtocolIPv4
-	if fam == IPv6 {
-		proto = iptables.ProtocolIPv6
-	}
-	if ipt, err := iptables.New(iptables.IPFamily(proto)); err == nil {
+	if ipt, err := hostXT().ipt(fam); err == nil {
 		a, b, c := ipt.GetIptablesVersion()
-		info.Version = fmtVersion(a, b, c)
+		info.Version = strconv.Itoa(a) + "." + strconv.Itoa(b) + "." + strconv.Itoa(c)
 	}
 	return info
 }
 
 // ChainExists reports whether table holds chain in fam's iptables (go-iptables).
 func ChainExists(fam Family, table, chain string) (bool, error) {
-	proto := iptables.ProtocolIPv4
-	if fam == IPv6 {
-		proto = iptables.ProtocolIPv6
-	}
-	ipt, err := iptables.New(iptables.IPFamily(proto))
+	ipt, err := hostXT().ipt(fam)
 	if err != nil {
 		return false, err
 	}
 	return ipt.ChainExists(table, chain)
-}
-
-func fmtVersion(a, b, c int) string {
-	return strconv.Itoa(a) + "." + strconv.Itoa(b) + "." + strconv.Itoa(c)
 }

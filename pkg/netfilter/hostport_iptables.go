@@ -325,16 +325,13 @@ func hpGCChange(top chainListing, network string, keep cniplumb.Owners) hpChange
 			cids[o.ContainerID] = true
 		}
 	}
-	var tags []Tag
+	stale := stalePick(tagKey, hash8, network, keep)
 	for _, r := range top.rules {
-		if r.ours {
-			tags = append(tags, r.tag)
-		} else if n, cid, ok := refOwner(r.comment); ok && n == network && !cids[cid] && r.target == HostPortChain(n, cid) {
+		if r.ours && stale(string(r.tag.ID), r.tag.NetworkHash) {
+			ch.removeIDs[r.tag.ID] = true
+		} else if n, cid, ok := refOwner(r.comment); !r.ours && ok && n == network && !cids[cid] && r.target == HostPortChain(n, cid) {
 			ch.chains[r.target] = true
 		}
-	}
-	for _, t := range Stale(tags, network, keep) {
-		ch.removeIDs[t.ID] = true
 	}
 	return ch
 }

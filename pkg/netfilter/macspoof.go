@@ -86,19 +86,16 @@ func (p MacSpoofPlan) String() string {
 		p.Owner, spoofBaseChain, p.HostIf, iface, iface, mac, mac, p.MAC)
 }
 
-func spoofBase(t *nftables.Table) *nftables.Chain {
-	accept := nftables.ChainPolicyAccept
-	return &nftables.Chain{Name: spoofBaseChain, Table: t, Type: nftables.ChainTypeFilter,
-		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRef(-300), Policy: &accept}
-}
-
 // spoofLayout is the reference's table bridge nat: PREROUTING is shared (and also
 // ebtables-nft's), every attachment has two chains of its own.
 func spoofLayout() *nftLayout {
 	t := &nftables.Table{Name: spoofTableName, Family: nftables.TableFamilyBridge}
+	accept := nftables.ChainPolicyAccept
+	base := &nftables.Chain{Name: spoofBaseChain, Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRef(-300), Policy: &accept}
 	return &nftLayout{
 		table:  t,
-		chains: []*nftables.Chain{spoofBase(t)},
+		chains: []*nftables.Chain{base},
 		key:    spoofID,
 		netKey: func(string) string { return "" },
 		ruleKey: func(r *nftables.Rule) (string, string, bool) {

@@ -125,6 +125,16 @@ const (
 	xtLegacy              // iptables-legacy: rules in x_tables
 )
 
+// modeOfPath is modeOfBinary of the file path resolves to; xtUnknown when that
+// cannot be resolved.
+func modeOfPath(path string) xtablesMode {
+	resolved, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return xtUnknown
+	}
+	return modeOfBinary(resolved)
+}
+
 // modeOfBinary tells the mode from the file the binary resolves to
 // (xtables-nft-multi, xtables-legacy-multi, iptables-nft, ...), without running it.
 func modeOfBinary(resolved string) xtablesMode {
@@ -153,11 +163,7 @@ func xtablesMayHave(nft *MasqNFTables, fam Family, chain string) (bool, error) {
 		}
 		return false, nil
 	}
-	resolved, err := filepath.EvalSymlinks(path)
-	if err != nil {
-		return true, nil
-	}
-	switch modeOfBinary(resolved) {
+	switch modeOfPath(path) {
 	case xtNFT:
 		exists, err := nft.xtablesChainExists(fam, chain)
 		return exists || err != nil, nil // an error: cannot tell, so list it

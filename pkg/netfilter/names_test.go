@@ -4,6 +4,7 @@ package netfilter
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -163,21 +164,29 @@ func TestTagRoundTrip(t *testing.T) {
 	}
 }
 
-func TestStale(t *testing.T) {
+func TestStalePick(t *testing.T) {
 	r := Rule{Hook: NATPostrouting, Family: IPv4, Action: Action{Kind: Masquerade}}
 	tags := []Tag{tagFor(ownerA, r), tagFor(ownerA, r), tagFor(ownerB, r), tagFor(ownerC, r)}
-	got := Stale(tags, "net1", cniplumb.Owners{ownerB: true, ownerC: true})
-	if len(got) != 1 || !got[0].Is(ownerA) {
-		t.Errorf("Stale = %+v, want only ownerA", got)
+	stale := func(network string, keep cniplumb.Owners) (out []OwnerID) {
+		pick := stalePick(tagKey, hash8, network, keep)
+		for _, t := range tags {
+			if pick(string(t.ID), t.NetworkHash) && !slices.Contains(out, t.ID) {
+				out = append(out, t.ID)
+			}
+		}
+		return out
 	}
-	if got := Stale(tags, "net2", cniplumb.Owners{}); len(got) != 1 || !got[0].Is(ownerC) {
-		t.Errorf("Stale(net2) = %+v, want only ownerC (other networks are not ours to collect)", got)
+	if got := stale("net1", cniplumb.Owners{ownerB: true, ownerC: true}); !slices.Equal(got, []OwnerID{IDOf(ownerA)}) {
+		t.Errorf("stale = %v, want only ownerA", got)
+	}
+	if got := stale("net2", cniplumb.Owners{}); !slices.Equal(got, []OwnerID{IDOf(ownerC)}) {
+		t.Errorf("stale(net2) = %v, want only ownerC (other networks are not ours to collect)", got)
 	}
 	// Another interface of a kept container is another attachment.
 	a1 := ownerA
 	a1.IfName = "net1"
-	if got := Stale(tags, "net1", cniplumb.Owners{a1: true, ownerB: true}); len(got) != 1 || !got[0].Is(ownerA) {
-		t.Errorf("Stale keeping another interface = %+v, want ownerA", got)
+	if got := stale("net1", cniplumb.Owners{a1: true, ownerB: true}); !slices.Equal(got, []OwnerID{IDOf(ownerA)}) {
+		t.Errorf("stale keeping another interface = %v, want ownerA", got)
 	}
 }
 

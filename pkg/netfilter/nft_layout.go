@@ -154,14 +154,14 @@ func (l *nftLayout) readChains(c NFTConn, chains []*nftables.Chain) (nftState, e
 	return st, nil
 }
 
-// readOwners dumps the own chains of the attachments keys name.
+// readOwners dumps the own chains of the attachments keys name (none without
+// ownerChains).
 func (l *nftLayout) readOwners(c NFTConn, keys []string) (nftState, []*nftables.Chain, error) {
-	if l.ownerChains == nil {
-		return nftState{exists: map[string]bool{}}, nil, nil
-	}
 	var chains []*nftables.Chain
 	for _, k := range keys {
-		chains = append(chains, l.ownerChains(k)...)
+		if l.ownerChains != nil {
+			chains = append(chains, l.ownerChains(k)...)
+		}
 	}
 	st, err := l.readChains(c, chains)
 	return st, chains, err
@@ -185,14 +185,7 @@ func (l *nftLayout) ownerPick(o Owner) func(key, net string) bool {
 
 // stalePick selects the rules of network's attachments that keep does not hold.
 func (l *nftLayout) stalePick(network string, keep cniplumb.Owners) func(key, net string) bool {
-	kept := map[string]bool{}
-	for o := range keep {
-		if o.Network == network {
-			kept[l.key(o)] = true
-		}
-	}
-	nk := l.netKey(network)
-	return func(key, net string) bool { return net == nk && !kept[key] }
+	return stalePick(l.key, l.netKey, network, keep)
 }
 
 func (l *nftLayout) fixedMissing(st nftState, chain string) bool {

@@ -26,11 +26,11 @@ func NewNFTablesOn(c NFTConn) *NFTables { return &NFTables{s: nftSocketOn(c)} }
 func (b *NFTables) Close() error { return b.s.Close() }
 
 // featureLayout is f's table: a base chain per hook, owners named by their tags.
-func featureLayout(f Feature) (*nftLayout, error) {
+func featureLayout(f Feature) *nftLayout {
 	t := nftTable(f)
 	l := &nftLayout{
 		table:  t,
-		key:    func(o Owner) string { return string(IDOf(o)) },
+		key:    tagKey,
 		netKey: hash8,
 		ruleKey: func(r *nftables.Rule) (string, string, bool) {
 			tag, ok := decodeTag(r.UserData)
@@ -38,13 +38,9 @@ func featureLayout(f Feature) (*nftLayout, error) {
 		},
 	}
 	for _, h := range f.Hooks {
-		ch, err := nftChain(t, h)
-		if err != nil {
-			return nil, err
-		}
-		l.chains = append(l.chains, ch)
+		l.chains = append(l.chains, nftChain(t, h))
 	}
-	return l, nil
+	return l
 }
 
 // render validates p and turns it into f's table's rules, each tagged.
@@ -52,10 +48,7 @@ func (p Plan) render() (*nftLayout, []*nftables.Rule, error) {
 	if err := p.Validate(); err != nil {
 		return nil, nil, err
 	}
-	l, err := featureLayout(p.Feature)
-	if err != nil {
-		return nil, nil, err
-	}
+	l := featureLayout(p.Feature)
 	var out []*nftables.Rule
 	for _, r := range p.Rules {
 		ex, err := nftExprs(p.Feature, r)
@@ -90,19 +83,13 @@ func (b *NFTables) Check(_ context.Context, p Plan) error {
 
 // Remove deletes every rule of o in f; nothing to remove is success.
 func (b *NFTables) Remove(_ context.Context, f Feature, o Owner) error {
-	l, err := featureLayout(f)
-	if err != nil {
-		return err
-	}
+	l := featureLayout(f)
 	return l.remove(b.s, l.ownerPick(o))
 }
 
 // GC removes, in one batch, the rules in f of every attachment of network that keep
 // does not hold.
 func (b *NFTables) GC(_ context.Context, f Feature, network string, keep cniplumb.Owners) error {
-	l, err := featureLayout(f)
-	if err != nil {
-		return err
-	}
+	l := featureLayout(f)
 	return l.remove(b.s, l.stalePick(network, keep))
 }

@@ -37,11 +37,8 @@ var nftHooks = map[string]nftables.ChainHook{
 }
 
 // nftChain is the base chain of hook h in table t; its name is the hook's name.
-func nftChain(t *nftables.Table, h Hook) (*nftables.Chain, error) {
-	hook, ok := nftHooks[h.Name]
-	if !ok {
-		return nil, fmt.Errorf("unknown netfilter hook %q", h.Name)
-	}
+// Plan.Validate refuses hooks nftHooks does not know.
+func nftChain(t *nftables.Table, h Hook) *nftables.Chain {
 	typ := nftables.ChainTypeFilter
 	if h.Type == "nat" {
 		typ = nftables.ChainTypeNAT
@@ -49,9 +46,9 @@ func nftChain(t *nftables.Table, h Hook) (*nftables.Chain, error) {
 	accept := nftables.ChainPolicyAccept
 	return &nftables.Chain{
 		Name: h.Name, Table: t, Type: typ,
-		Hooknum: nftables.ChainHookRef(hook), Priority: nftables.ChainPriorityRef(nftables.ChainPriority(h.Priority)),
+		Hooknum: nftables.ChainHookRef(nftHooks[h.Name]), Priority: nftables.ChainPriorityRef(nftables.ChainPriority(h.Priority)),
 		Policy: &accept,
-	}, nil
+	}
 }
 
 // encodeTag stores t as the rule's comment, in the userdata format the nft tool

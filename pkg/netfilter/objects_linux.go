@@ -115,6 +115,26 @@ func masqObjects(ctx context.Context, pick func(key, net string) bool, stale fun
 	return out, errors.Join(errs...)
 }
 
+// objects groups rules into Objects by backend and key, in order of first appearance.
+type objects struct {
+	out []Object
+	at  map[string]int
+}
+
+// add appends rules to o's object, adding o first when it is new.
+func (g *objects) add(o Object, rules ...string) {
+	if g.at == nil {
+		g.at = map[string]int{}
+	}
+	k := o.Backend + " " + o.Key
+	i, ok := g.at[k]
+	if !ok {
+		i, g.at[k] = len(g.out), len(g.out)
+		g.out = append(g.out, o)
+	}
+	g.out[i].Rules = append(g.out[i].Rules, rules...)
+}
+
 // nftObjects dumps l and groups the rules pick selects by attachment.
 func nftObjects(s *nftSocket, l *nftLayout, what string, pick func(key, net string) bool) ([]Object, error) {
 	c, done, err := s.conn()
@@ -126,25 +146,18 @@ func nftObjects(s *nftSocket, l *nftLayout, what string, pick func(key, net stri
 	if err != nil {
 		return nil, err
 	}
-	var out []Object
-	at := map[string]int{}
+	var g objects
 	for _, r := range l.owned(st, pick) {
 		k, net, _ := l.ruleKey(r)
-		i, ok := at[k]
-		if !ok {
-			i = len(out)
-			at[k] = i
-			o := Object{What: what, Backend: "nftables", Key: k, net: net}
-			if t, ok := decodeTag(r.UserData); ok {
-				o.Owner = t.Owner
-			} else if ow, ok := parseMasqNFTComment(ruleComment(r)); ok && masqInstance(ow) == k {
-				o.Owner = ow
-			}
-			out = append(out, o)
+		o := Object{What: what, Backend: "nftables", Key: k, net: net}
+		if t, ok := decodeTag(r.UserData); ok {
+			o.Owner = t.Owner
+		} else if ow, ok := parseMasqNFTComment(ruleComment(r)); ok && masqInstance(ow) == k {
+			o.Owner = ow
 		}
-		out[i].Rules = append(out[i].Rules, r.Chain.Name+": "+DescribeRule(r))
+		g.add(o, r.Chain.Name+": "+DescribeRule(r))
 	}
-	return out, nil
+	return g.out, nil
 }
 
 // ListHostPorts returns every attachment's host ports in backend k.
@@ -156,25 +169,17 @@ func ListHostPorts(ctx context.Context, k Kind) ([]Object, error) {
 // network: the attachments stalePick selects in nftables, and hpGCChange's owners and
 // reference chains in iptables.
 func PlanGCHostPorts(ctx context.Context, k Kind, network string, keep cniplumb.Owners) ([]Object, error) {
-	l, err := featureLayout(HostPortFeature)
-	if err != nil {
-		return nil, err
-	}
-	return hostPortObjects(ctx, k, l.stalePick(network, keep), func(top chainListing) hpChange {
+	return hostPortObjects(ctx, k, featureLayout(HostPortFeature).stalePick(network, keep), func(top chainListing) hpChange {
 		return hpGCChange(top, network, keep)
 	})
 }
 
 func hostPortObjects(ctx context.Context, k Kind, pick func(key, net string) bool, plan func(chainListing) hpChange) ([]Object, error) {
 	if k == KindNFTables {
-		l, err := featureLayout(HostPortFeature)
-		if err != nil {
-			return nil, err
-		}
-		return nftObjects(hostNFTSocket(), l, "hostports", pick)
+		return nftObjects(hostNFTSocket(), featureLayout(HostPortFeature), "hostports", pick)
 	}
 	x := hostXTLayout("hostport")
-	var out []Object
+	var g objects
 	var errs []error
 	for _, fam := range All.list() {
 		if !x.xt.Installed(fam) {
@@ -189,27 +194,20 @@ func hostPortObjects(ctx context.Context, k Kind, pick func(key, net string) boo
 		if plan != nil {
 			ch = plan(top)
 		}
-		at := map[string]int{}
 		for _, r := range top.rules {
-			key, owner, net := "", Owner{}, ""
+			o := Object{What: "hostports", Backend: "iptables " + fam.String()}
 			switch n, cid, ok := refOwner(r.comment); {
 			case r.ours && (plan == nil || ch.removeIDs[r.tag.ID]):
-				key, owner, net = string(r.tag.ID), r.tag.Owner, r.tag.NetworkHash
+				o.Key, o.Owner, o.net = string(r.tag.ID), r.tag.Owner, r.tag.NetworkHash
 			case !r.ours && ok && (plan == nil || ch.chains[r.target]):
-				key, owner, net = r.target, Owner{Network: n, ContainerID: cid}, n
+				o.Key, o.Owner, o.net = r.target, Owner{Network: n, ContainerID: cid}, n
 			default:
 				continue
 			}
-			i, ok := at[key]
-			if !ok {
-				i = len(out)
-				at[key] = i
-				out = append(out, Object{What: "hostports", Backend: "iptables " + fam.String(), Key: key, Owner: owner, net: net})
-			}
-			out[i].Rules = append(out[i].Rules, r.line)
+			g.add(o, r.line)
 		}
 	}
-	return out, errors.Join(errs...)
+	return g.out, errors.Join(errs...)
 }
 
 // parseMasqNFTComment reads the owner from the reference's masq_checks comment
@@ -231,6 +229,23 @@ func parseMasqNFTComment(c string) (Owner, bool) {
 // a node without nf_tables, where bridge skips it): in the reference's layout the
 // attachments spoofStale picks, in podwire's former table those stalePick selects.
 func PlanGCMacSpoof(network string, keep cniplumb.Owners, ours func(hostIf string) bool) ([]Object, error) {
+	return macSpoofObjects(func(l *nftLayout, st nftState) func(key, net string) bool {
+		stale := spoofStale(l, st, keep, ours)
+		return func(id, _ string) bool { return stale[id] }
+	}, featureLayout(MacSpoofFeature).stalePick(network, keep))
+}
+
+// ListMacSpoof returns every attachment's macspoofchk rules: the reference's layout
+// names no network (InNetwork is false for them; Of tells their owner), podwire's
+// former table does.
+func ListMacSpoof() ([]Object, error) {
+	all := func(string, string) bool { return true }
+	return macSpoofObjects(func(*nftLayout, nftState) func(key, net string) bool { return all }, all)
+}
+
+// macSpoofObjects returns the rules that pick, given a dump of the reference's layout,
+// selects there, and those legacy selects in podwire's former table.
+func macSpoofObjects(pick func(*nftLayout, nftState) func(key, net string) bool, legacy func(key, net string) bool) ([]Object, error) {
 	if !ProbeHost().NFTables {
 		return nil, nil
 	}
@@ -244,30 +259,7 @@ func PlanGCMacSpoof(network string, keep cniplumb.Owners, ours func(hostIf strin
 	if err != nil {
 		return nil, err
 	}
-	stale := spoofStale(l, st, keep, ours)
-	out, err := nftObjects(s, l, "macspoof", func(id, _ string) bool { return stale[id] })
-	legacy, lerr := featureLayout(MacSpoofFeature)
-	if lerr != nil {
-		return out, errors.Join(err, lerr)
-	}
-	old, oerr := nftObjects(s, legacy, "macspoof", legacy.stalePick(network, keep))
-	return append(out, old...), errors.Join(err, oerr)
-}
-
-// ListMacSpoof returns every attachment's macspoofchk rules: the reference's layout
-// names no network (InNetwork is false for them; Of tells their owner), podwire's
-// former table does.
-func ListMacSpoof() ([]Object, error) {
-	if !ProbeHost().NFTables {
-		return nil, nil
-	}
-	all := func(string, string) bool { return true }
-	s := hostNFTSocket()
-	out, err := nftObjects(s, spoofLayout(), "macspoof", all)
-	legacy, lerr := featureLayout(MacSpoofFeature)
-	if lerr != nil {
-		return out, errors.Join(err, lerr)
-	}
-	old, oerr := nftObjects(s, legacy, "macspoof", all)
+	out, err := nftObjects(s, l, "macspoof", pick(l, st))
+	old, oerr := nftObjects(s, featureLayout(MacSpoofFeature), "macspoof", legacy)
 	return append(out, old...), errors.Join(err, oerr)
 }

@@ -269,19 +269,15 @@ type Plan struct {
 	Rules   []Rule // in install order
 }
 
-// Families returns the address families the plan's rules use.
-func (p Plan) Families() Families {
-	var s Families
-	for _, r := range p.Rules {
-		s |= r.Family.bit()
-	}
-	return s
-}
-
 // Validate checks every rule; Apply calls it before touching the kernel.
 func (p Plan) Validate() error {
 	if p.Feature.Name == "" {
 		return fmt.Errorf("plan for %s has no feature", p.Owner)
+	}
+	for _, h := range p.Feature.Hooks {
+		if _, ok := nftHooks[h.Name]; !ok {
+			return fmt.Errorf("unknown netfilter hook %q", h.Name)
+		}
 	}
 	for _, r := range p.Rules {
 		if err := r.validate(p.Feature); err != nil {

@@ -87,23 +87,19 @@ func (t Tag) Is(o Owner) bool { return t.ID == IDOf(o) }
 // InNetwork reports whether the tag belongs to an attachment of the named network.
 func (t Tag) InNetwork(network string) bool { return t.NetworkHash == hash8(network) }
 
-// Stale returns the distinct tags of network that belong to none of keep: what GC
-// removes.
-func Stale(tags []Tag, network string, keep cniplumb.Owners) []Tag {
-	valid := map[OwnerID]bool{}
+// tagKey is an owner's key in the layouts that tag their rules: its ID.
+func tagKey(o Owner) string { return string(IDOf(o)) }
+
+// stalePick selects what GC removes: the rules of network's attachments that keep
+// does not hold, given the owner and network keys of a rule in a layout that names
+// owners with key and networks with netKey.
+func stalePick(key func(Owner) string, netKey func(string) string, network string, keep cniplumb.Owners) func(k, net string) bool {
+	kept := map[string]bool{}
 	for o := range keep {
 		if o.Network == network {
-			valid[IDOf(o)] = true
+			kept[key(o)] = true
 		}
 	}
-	seen := map[OwnerID]bool{}
-	var out []Tag
-	for _, t := range tags {
-		if !t.InNetwork(network) || valid[t.ID] || seen[t.ID] {
-			continue
-		}
-		seen[t.ID] = true
-		out = append(out, t)
-	}
-	return out
+	nk := netKey(network)
+	return func(k, net string) bool { return net == nk && !kept[k] }
 }

@@ -4,10 +4,11 @@
 package fake
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -235,22 +236,23 @@ func (f *Kernel) ListTableOfFamily(name string, fam nftables.TableFamily) (*nfta
 func (f *Kernel) ListChain(t *nftables.Table, name string) (*nftables.Chain, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if ft := f.nt[tableKey{t.Family, t.Name}]; ft != nil && ft.chains[name] != nil {
-		return ft.chains[name].chain, nil
+	_, fc, err := chainIn(f.nt, t, name)
+	if err != nil {
+		return nil, err
 	}
-	return nil, nftNotFound("chain " + name)
+	return fc.chain, nil
 }
 
 // GetRules implements netfilter.NFTConn.
 func (f *Kernel) GetRules(t *nftables.Table, c *nftables.Chain) ([]*nftables.Rule, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	ft := f.nt[tableKey{t.Family, t.Name}]
-	if ft == nil || ft.chains[c.Name] == nil {
-		return nil, nftNotFound("chain " + c.Name)
+	_, fc, err := chainIn(f.nt, t, c.Name)
+	if err != nil {
+		return nil, err
 	}
 	var out []*nftables.Rule
-	for _, r := range ft.chains[c.Name].rules {
+	for _, r := range fc.rules {
 		cp := *r
 		out = append(out, &cp)
 	}
@@ -289,29 +291,35 @@ func (f *Kernel) AddChain(c *nftables.Chain) *nftables.Chain {
 	return c
 }
 
-func (f *Kernel) chainOp(c *nftables.Chain, op func(*nftChain) error) {
+// chainIn returns table t's chain name in st, or the kernel's ENOENT.
+func chainIn(st map[tableKey]*nftTable, t *nftables.Table, name string) (*nftTable, *nftChain, error) {
+	ft := st[tableKey{t.Family, t.Name}]
+	if ft == nil || ft.chains[name] == nil {
+		return nil, nil, nftNotFound("chain " + name)
+	}
+	return ft, ft.chains[name], nil
+}
+
+// chainOp queues op on chain c, failing the batch when c is missing.
+func (f *Kernel) chainOp(c *nftables.Chain, op func(*nftTable, *nftChain) error) {
 	f.queue(func(st map[tableKey]*nftTable) error {
-		t := st[tableKey{c.Table.Family, c.Table.Name}]
-		if t == nil || t.chains[c.Name] == nil {
-			return nftNotFound("chain " + c.Name)
+		t, fc, err := chainIn(st, c.Table, c.Name)
+		if err != nil {
+			return err
 		}
-		return op(t.chains[c.Name])
+		return op(t, fc)
 	})
 }
 
 // FlushChain implements netfilter.NFTConn.
 func (f *Kernel) FlushChain(c *nftables.Chain) {
-	f.chainOp(c, func(fc *nftChain) error { fc.rules = nil; return nil })
+	f.chainOp(c, func(_ *nftTable, fc *nftChain) error { fc.rules = nil; return nil })
 }
 
 // DelChain implements netfilter.NFTConn: as the kernel, it deletes the chain with its
 // rules, and fails when the chain is missing or a rule elsewhere jumps to it.
 func (f *Kernel) DelChain(c *nftables.Chain) {
-	f.queue(func(st map[tableKey]*nftTable) error {
-		t := st[tableKey{c.Table.Family, c.Table.Name}]
-		if t == nil || t.chains[c.Name] == nil {
-			return nftNotFound("chain " + c.Name)
-		}
+	f.chainOp(c, func(t *nftTable, _ *nftChain) error {
 		for name, o := range t.chains {
 			if name == c.Name {
 				continue
@@ -341,9 +349,9 @@ func jumpTarget(r *nftables.Rule) string {
 // missing from the table.
 func (f *Kernel) AddRule(r *nftables.Rule) *nftables.Rule {
 	f.queue(func(st map[tableKey]*nftTable) error {
-		t := st[tableKey{r.Table.Family, r.Table.Name}]
-		if t == nil || t.chains[r.Chain.Name] == nil {
-			return nftNotFound("chain " + r.Chain.Name)
+		t, fc, err := chainIn(st, r.Table, r.Chain.Name)
+		if err != nil {
+			return err
 		}
 		if to := jumpTarget(r); to != "" && t.chains[to] == nil {
 			return nftNotFound("jump target chain " + to)
@@ -351,7 +359,7 @@ func (f *Kernel) AddRule(r *nftables.Rule) *nftables.Rule {
 		f.nextHandle++
 		cp := *r
 		cp.Handle = f.nextHandle
-		t.chains[r.Chain.Name].rules = append(t.chains[r.Chain.Name].rules, &cp)
+		fc.rules = append(fc.rules, &cp)
 		return nil
 	})
 	return r
@@ -362,7 +370,7 @@ func (f *Kernel) DelRule(r *nftables.Rule) error {
 	if r.Handle == 0 {
 		return fmt.Errorf("rule's handle cannot be 0")
 	}
-	f.chainOp(r.Chain, func(fc *nftChain) error {
+	f.chainOp(r.Chain, func(_ *nftTable, fc *nftChain) error {
 		i := slices.IndexFunc(fc.rules, func(x *nftables.Rule) bool { return x.Handle == r.Handle })
 		if i < 0 {
 			return nftNotFound(fmt.Sprintf("rule handle %d", r.Handle))
@@ -419,12 +427,7 @@ func (f *Kernel) Dump() string {
 	defer f.mu.Unlock()
 	var out []string
 	for _, fam := range []Family{IPv4, IPv6} {
-		keys := make([]string, 0, len(f.xt[fam]))
-		for k := range f.xt[fam] {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		for _, k := range keys {
+		for _, k := range slices.Sorted(maps.Keys(f.xt[fam])) {
 			c := f.xt[fam][k]
 			table, name, _ := strings.Cut(k, "/")
 			if !c.builtin {
@@ -435,22 +438,13 @@ func (f *Kernel) Dump() string {
 			}
 		}
 	}
-	var tkeys []tableKey
-	for k := range f.nt {
-		tkeys = append(tkeys, k)
-	}
-	sort.Slice(tkeys, func(i, j int) bool {
-		return tkeys[i].fam < tkeys[j].fam || tkeys[i].fam == tkeys[j].fam && tkeys[i].name < tkeys[j].name
+	tkeys := slices.SortedFunc(maps.Keys(f.nt), func(a, b tableKey) int {
+		return cmp.Or(cmp.Compare(a.fam, b.fam), strings.Compare(a.name, b.name))
 	})
 	for _, k := range tkeys {
 		t := f.nt[k]
 		out = append(out, fmt.Sprintf("nft table %s %s", netfilter.NFTFamily(k.fam), k.name))
-		names := make([]string, 0, len(t.chains))
-		for n := range t.chains {
-			names = append(names, n)
-		}
-		sort.Strings(names)
-		for _, n := range names {
+		for _, n := range slices.Sorted(maps.Keys(t.chains)) {
 			c := t.chains[n]
 			out = append(out, fmt.Sprintf("nft   chain %s%s", n, describeChain(c.chain)))
 			for _, r := range c.rules {
