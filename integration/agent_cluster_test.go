@@ -177,6 +177,11 @@ func TestAgentCluster(t *testing.T) {
 	var pods []*pod
 	for _, n := range nodes {
 		p := n.h.NewPod()
+		// The runtime brings the pod's lo up (containerd and CRI-O run loopback). Go's
+		// net package also probes IPv6 once per process by binding ::1 on the first
+		// socket that needs it: from a pod without lo, every later test in this process
+		// would get IPv4-only "[::]" listeners.
+		n.h.Run(p, "ip", "link", "set", "lo", "up")
 		rt := n.h.RT(p, "eth0")
 		res, err := n.h.AddWith(n.cni, lists[n.name], rt)
 		if err != nil {
