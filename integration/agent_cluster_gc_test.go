@@ -65,7 +65,8 @@ func kubeBinaries(t *testing.T, repo string) kubeapi.Binaries {
 // installed. The agent picks the conflist's cniVersion from containerd's CRI version
 // (1.0.0 for 1.6, 1.1.0 for 2.x). Its periodic GC leaves live pods alone and, after a
 // sandbox leaks without CNI DEL, reclaims the pod's lease, veth, IFB, rules and cache
-// entry within one --gc-period (plus --gc-grace), counted in its metrics.
+// entry within one --gc-period (plus --gc-grace), counted in its metrics (the rules as
+// the hostPort chain they were in).
 func TestAgentGCWithContainerd(t *testing.T) {
 	nstest.RequireRoot(t)
 	forEachContainerd(t, testAgentGCWithContainerd)
@@ -180,6 +181,9 @@ func testAgentGCWithContainerd(t *testing.T, rt containerd.Runtime) {
 			`podwire_agent_gc_reclaimed_total{kind="veth"}`:       1,
 			`podwire_agent_gc_reclaimed_total{kind="ifb"}`:        1,
 			`podwire_agent_gc_reclaimed_total{kind="attachment"}`: 1,
+			// the pod's hostPort chain (portmap's iptables layout; the agent's conflist
+			// has no ipMasq)
+			`podwire_agent_gc_reclaimed_total{kind="rule"}`: 1,
 		})
 	})
 	if p, err := d.InspectPod(liveID); err != nil || p.Status.State != "SANDBOX_READY" {

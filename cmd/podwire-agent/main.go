@@ -136,6 +136,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		Masq:    nft,
 		CNI:     libcni.NewCNIConfigWithCacheDir([]string{hostPathOf(o)}, o.CNICacheDir, nil),
 		Links:   gc.BridgeLinks(o.Bridge),
+		Rules:   gc.NetfilterRules(ctx),
 		Metrics: metrics.New(),
 		Log:     log,
 	}

@@ -80,7 +80,8 @@ type Deps struct {
 	Routes  routes.Backend
 	Masq    masq.Backend
 	CNI     gc.CNI
-	Links   func() (map[string]map[string]bool, error) // for GC's reclaimed counts; may be nil
+	Links   func() (map[string]map[string]bool, error)    // for GC's reclaimed counts; may be nil
+	Rules   func(network string) (map[string]bool, error) // likewise, netfilter objects; may be nil
 	Metrics *metrics.Metrics
 	Log     *slog.Logger
 }
@@ -462,7 +463,7 @@ func (a *Agent) RunGC(ctx context.Context) {
 		dataDir = defaultDataDir
 	}
 	d := &gc.Driver{CNI: a.d.CNI,
-		Counter: gc.HostCounter{DataDir: dataDir, CNI: a.d.CNI, Links: a.d.Links},
+		Counter: gc.HostCounter{DataDir: dataDir, CNI: a.d.CNI, Links: a.d.Links, Rules: a.d.Rules},
 		Young: func(ctx context.Context, network string) ([]types.GCAttachment, error) {
 			return gc.Young(ctx, dataDir, network, a.cfg.GCGrace, time.Now())
 		},

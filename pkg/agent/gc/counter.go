@@ -28,12 +28,15 @@ func Leases(dataDir, network string) (map[string]bool, error) {
 }
 
 // HostCounter snapshots leases (host-local's files), cached attachments (libcni's cache),
-// and, through Links, the host's veths on the bridge and IFBs.
+// through Links the host's veths on the bridge and IFBs, and through Rules the
+// network's netfilter objects.
 type HostCounter struct {
 	DataDir string
 	CNI     CNI
 	// Links returns link keys by kind ("veth", "ifb"); nil skips them.
 	Links func() (map[string]map[string]bool, error)
+	// Rules returns the keys of the network's netfilter objects ("rule"); nil skips them.
+	Rules func(network string) (map[string]bool, error)
 }
 
 // Snapshot implements Counter.
@@ -61,6 +64,11 @@ func (h HostCounter) Snapshot(network string) (Snapshot, error) {
 		}
 		for k, v := range links {
 			s[k] = v
+		}
+	}
+	if h.Rules != nil {
+		if s["rule"], err = h.Rules(network); err != nil {
+			return nil, err
 		}
 	}
 	return s, nil
