@@ -176,8 +176,7 @@ var nftDebugHandleRe = regexp.MustCompile(`(?m)^(bridge nat \S+)( \d+)+$`)
 
 // TestNetfilterMacSpoof: the macspoofchk backend writes, byte for byte, what nft makes
 // of the reference's rules (so `nft list` shows the same and the reference's teardown
-// finds them), checks them, and removes them with the table. Rules podwire kept in its
-// former table (bridge podwire_macspoof) go with the same Remove.
+// finds them), checks them, and removes them with the table.
 func TestNetfilterMacSpoof(t *testing.T) {
 	o := cniplumb.Owner{Network: "nfnet", ContainerID: "spoof", IfName: "eth0"}
 	p := netfilter.MacSpoofPlan{Owner: o, HostIf: "vethspoof", MAC: net.HardwareAddr{0x02, 0x42, 0, 0, 0, 7}}
@@ -219,8 +218,6 @@ add rule bridge nat cni-br-iface-spoof-eth0-mac drop comment "macspoofchk-spoof-
 	if got, want := list(n), list(ref); got != want {
 		t.Errorf("podwire's macspoofchk bytecode differs from nft's for the reference's rules:\nnft:\n%s\npodwire:\n%s", want, got)
 	}
-	old := netfilter.NewNFTables()
-	inNS(t, n, func() error { return old.Apply(ctx, netfilter.PlanMacSpoof(o, "vethspoof", p.MAC)) })
 	inNS(t, n, func() error { return b.Remove(ctx, o) })
 	after, err := nodestate.Take(n.Path())
 	if err != nil {

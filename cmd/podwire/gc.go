@@ -184,7 +184,7 @@ func planGC(ctx context.Context, l *libcni.NetworkConfigList, s *netState, att [
 			var m map[string]any
 			_ = json.Unmarshal(pl.Bytes, &m)
 			ours := link.OnBridgeOrGone(ctx, link.NewNetlink(), str(m, "bridge"))
-			objs, err = netfilter.PlanGCMacSpoof(l.Name, keep, ours)
+			objs, err = netfilter.PlanGCMacSpoof(keep, ours)
 			errs = append(errs, err)
 			p.addObjects(l.Name, typ, objs, s)
 		case "portmap":

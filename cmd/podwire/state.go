@@ -31,7 +31,7 @@ type netState struct {
 	IFBs     []tc.IFB // of this network, by their alias
 	Masq     []netfilter.Object
 	HostPort []netfilter.Object
-	MacSpoof []netfilter.Object          // of this network's owners, and podwire's former table's
+	MacSpoof []netfilter.Object          // of this network's owners
 	Cached   []*libcni.NetworkAttachment // libcni's cached ADD results of this network
 	Ports    []string                    // veths on the bridge
 }

@@ -105,7 +105,7 @@ func (p HostPortPlan) Validate() error {
 		return fmt.Errorf("%q is not a usable iptables chain name", p.SetMarkChain)
 	}
 	for fam, c := range p.Conditions {
-		if c.Proto != "" || c.DstPort != 0 || c.DstLocal || c.Mark != 0 || c.SrcMAC != nil {
+		if c.Proto != "" || c.DstPort != 0 || c.DstLocal || c.Mark != 0 {
 			return fmt.Errorf("%s conditions may only match source, destination and input interface", fam)
 		}
 		for _, pf := range []netip.Prefix{c.Src, c.Dst} {

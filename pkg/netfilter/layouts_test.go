@@ -146,14 +146,6 @@ nft     meta nfproto ipv6 ip6 daddr ff00::/8 return
 nft     goto masq_checks
 `
 
-// bridge's macspoofchk in podwire's table: one drop per pod port of frames whose
-// source MAC is not the pod's.
-const macSpoofGolden = `nft table bridge podwire_macspoof
-nft   chain prerouting (type filter hook 0 priority -300)
-nft     iifname "veth0a1b2c3d" ether saddr != 02:00:00:00:00:01 drop # pw:<tag> podnet/abc/eth0
-nft     iifname "veth4e5f6a7b" ether saddr != 02:00:00:00:00:02 drop # pw:<tag> podnet/def/eth0
-`
-
 func TestHostPortLayouts(t *testing.T) {
 	for _, tc := range []struct {
 		kind    netfilter.Kind
@@ -315,45 +307,6 @@ func TestMasqLayouts(t *testing.T) {
 			}
 		})
 	}
-}
-
-func TestMacSpoofLegacyLayout(t *testing.T) {
-	k := fake.New()
-	b := netfilter.NewNFTablesOn(k)
-	plans := []netfilter.Plan{
-		netfilter.PlanMacSpoof(hpOwnerA, "veth0a1b2c3d", mac(1)),
-		netfilter.PlanMacSpoof(hpOwnerB, "veth4e5f6a7b", mac(2)),
-	}
-	for _, p := range plans {
-		if err := b.Apply(t.Context(), p); err != nil {
-			t.Fatalf("Apply(%s): %v", p.Owner, err)
-		}
-	}
-	got := k.Dump()
-	if d := cmp.Diff(macSpoofGolden, readable(got)); d != "" {
-		t.Errorf("layout (-want +got):\n%s", d)
-	}
-	requireTags(t, got, hpOwnerA, hpOwnerB)
-	for _, p := range plans {
-		if err := b.Check(t.Context(), p); err != nil {
-			t.Errorf("Check(%s): %v", p.Owner, err)
-		}
-	}
-	// Another MAC for the same port is a different rule: Check tells.
-	if err := b.Check(t.Context(), netfilter.PlanMacSpoof(hpOwnerA, "veth0a1b2c3d", mac(9))); err == nil {
-		t.Error("Check passed for a MAC the kernel does not hold")
-	}
-	for _, p := range plans {
-		for range 2 {
-			if err := b.Remove(t.Context(), netfilter.MacSpoofFeature, p.Owner); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := b.Check(t.Context(), p); !netfilter.IsNotFound(err) {
-			t.Errorf("Check(%s) after Remove = %v, want IsNotFound", p.Owner, err)
-		}
-	}
-	requireEmpty(t, k, "removing every owner")
 }
 
 // CHECK compares rules per chain: output's DNAT (localhost connections) moved into

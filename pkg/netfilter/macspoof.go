@@ -4,7 +4,6 @@ package netfilter
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -33,9 +32,6 @@ import (
 // rule by its comment and deletes the two chains by name, so it removes what podwire
 // made, and podwire's DEL removes what the reference made. The layout has no network
 // name: GC tells this network's attachments by their host veth (MacSpoof.GC).
-//
-// Before this layout podwire kept macspoofchk in a table of its own, bridge
-// podwire_macspoof (MacSpoofFeature); DEL and GC still clean it up.
 
 // The reference's macspoofchk objects.
 const (
@@ -143,8 +139,7 @@ func spoofHostIf(r *nftables.Rule) string {
 }
 
 // MacSpoof is macspoofchk's backend: the reference's layout (see above) through
-// netlink only, plus the removal of what podwire kept in its own table before.
-// Apply and Remove are one atomic batch each; the table goes with its last
+// netlink only. Apply and Remove are one atomic batch each; the table goes with its last
 // attachment when nothing else (ebtables-nft's chains or rules) is in it.
 type MacSpoof struct {
 	s *nftSocket
@@ -156,9 +151,6 @@ func NewMacSpoofOn(c NFTConn) *MacSpoof { return &MacSpoof{s: nftSocketOn(c)} }
 
 // Close releases the netlink socket; the backend may be used again afterwards.
 func (b *MacSpoof) Close() error { return b.s.Close() }
-
-// legacy is podwire's former macspoofchk table on the same socket.
-func (b *MacSpoof) legacy() *NFTables { return &NFTables{s: b.s} }
 
 // Apply installs p, replacing what p.Owner had. An invalid plan fails before anything
 // changes.
@@ -172,36 +164,26 @@ func (b *MacSpoof) Apply(_ context.Context, p MacSpoofPlan) error {
 
 // Check reports an error when p.Owner's rules differ from p; IsNotFound tells that
 // none are there. Rules the reference plugin made are the same as podwire's and pass.
-// A pod whose rules are still in podwire's former table gets an error saying so and
-// what to do.
-func (b *MacSpoof) Check(ctx context.Context, p MacSpoofPlan) error {
+func (b *MacSpoof) Check(_ context.Context, p MacSpoofPlan) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
 	l := spoofLayout()
-	err := l.check(b.s, p.Owner, spoofRules(l, p))
-	if !IsNotFound(err) {
-		return err
-	}
-	if lerr := b.legacy().Check(ctx, PlanMacSpoof(p.Owner, p.HostIf, p.MAC)); lerr == nil || !IsNotFound(lerr) {
-		return fmt.Errorf("the macspoofchk rules of %s are in table bridge %s, where podwire kept them before it used the reference's layout (table bridge nat); they still protect the pod, but the reference plugin cannot remove them: DEL and ADD the pod again to move them", p.Owner, TableName(MacSpoofFeature))
-	}
-	return err
+	return l.check(b.s, p.Owner, spoofRules(l, p))
 }
 
-// Remove deletes o's rules and chains, whichever plugin made them, and o's rules in
-// podwire's former table. Nothing to remove is success.
-func (b *MacSpoof) Remove(ctx context.Context, o Owner) error {
+// Remove deletes o's rules and chains, whichever plugin made them. Nothing to remove
+// is success.
+func (b *MacSpoof) Remove(_ context.Context, o Owner) error {
 	l := spoofLayout()
-	return errors.Join(l.remove(b.s, l.ownerPick(o), spoofID(o)), b.legacy().Remove(ctx, MacSpoofFeature, o))
+	return l.remove(b.s, l.ownerPick(o), spoofID(o))
 }
 
 // GC removes the rules and chains of the attachments keep does not hold. The layout
 // names no network, so an attachment is network's only when ours says its host veth
 // is (bridge passes "absent, or a port of this network's bridge"): another network's
-// attachments on another bridge are left alone. In podwire's former table GC goes by
-// the network in the rules' tags.
-func (b *MacSpoof) GC(ctx context.Context, network string, keep cniplumb.Owners, ours func(hostIf string) bool) error {
+// attachments on another bridge are left alone.
+func (b *MacSpoof) GC(_ context.Context, keep cniplumb.Owners, ours func(hostIf string) bool) error {
 	l := spoofLayout()
 	var stale map[string]bool
 	err := b.s.locked(l, func(c NFTConn) error {
@@ -214,7 +196,7 @@ func (b *MacSpoof) GC(ctx context.Context, network string, keep cniplumb.Owners,
 		// under the lock, and an attachment added meanwhile is in no stale set.
 		err = l.remove(b.s, func(id, _ string) bool { return stale[id] })
 	}
-	return errors.Join(err, b.legacy().GC(ctx, MacSpoofFeature, network, keep))
+	return err
 }
 
 // spoofStale picks the attachments GC removes from a dump of the reference's layout:

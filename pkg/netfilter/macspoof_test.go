@@ -168,36 +168,6 @@ func TestMacSpoofReference(t *testing.T) {
 	}
 }
 
-// TestMacSpoofLegacy: rules in podwire's former table are removed by Remove and GC,
-// and Check says where they are and what to do.
-func TestMacSpoofLegacy(t *testing.T) {
-	ctx := context.Background()
-	k := fake.New()
-	old := netfilter.NewNFTablesOn(k)
-	if err := old.Apply(ctx, netfilter.PlanMacSpoof(spoofA.Owner, spoofA.HostIf, spoofA.MAC)); err != nil {
-		t.Fatal(err)
-	}
-	b := netfilter.NewMacSpoofOn(k)
-	if err := b.Check(ctx, spoofA); err == nil || !strings.Contains(err.Error(), "podwire_macspoof") || !strings.Contains(err.Error(), "DEL and ADD") {
-		t.Errorf("Check of a pod in the former table = %v", err)
-	}
-	if err := b.Remove(ctx, spoofA.Owner); err != nil {
-		t.Fatal(err)
-	}
-	if got := k.Dump(); got != "" {
-		t.Errorf("Remove left:\n%s", got)
-	}
-	if err := old.Apply(ctx, netfilter.PlanMacSpoof(spoofB.Owner, spoofB.HostIf, spoofB.MAC)); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.GC(ctx, "podnet", nil, func(string) bool { return true }); err != nil {
-		t.Fatal(err)
-	}
-	if got := k.Dump(); got != "" {
-		t.Errorf("GC left:\n%s", got)
-	}
-}
-
 // TestMacSpoofGC: GC removes the attachments not kept whose host veth ours claims, and
 // leaves another network's (a veth on another bridge) alone.
 func TestMacSpoofGC(t *testing.T) {
@@ -213,7 +183,7 @@ func TestMacSpoofGC(t *testing.T) {
 	}
 	keep := cniplumb.Owners{spoofA.Owner: true}
 	ours := func(hostIf string) bool { return hostIf != other.HostIf }
-	if err := b.GC(ctx, "podnet", keep, ours); err != nil {
+	if err := b.GC(ctx, keep, ours); err != nil {
 		t.Fatal(err)
 	}
 	got := k.Dump()

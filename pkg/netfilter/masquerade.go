@@ -6,7 +6,6 @@ import (
 	"crypto/sha512"
 	"encoding/hex"
 	"fmt"
-	"net"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -202,18 +201,4 @@ func PickMasq(want Kind, p MasqProbe) (Kind, error) {
 		return KindIPTables, nil
 	}
 	return Pick(Auto, p.Probe)
-}
-
-// MacSpoofFeature is bridge's macspoofchk: table bridge podwire_macspoof (nftables
-// only, as in the reference plugin).
-var MacSpoofFeature = Feature{Name: "macspoof", Hooks: []Hook{BridgePrerouting}, Bridge: true}
-
-// PlanMacSpoof drops frames entering the bridge from the pod's host-side port whose
-// source MAC is not the pod interface's.
-func PlanMacSpoof(o Owner, hostPort string, mac net.HardwareAddr) Plan {
-	return Plan{Feature: MacSpoofFeature, Owner: o, Rules: []Rule{{
-		Hook: BridgePrerouting, Family: AnyFamily,
-		Match:  Match{InIface: hostPort, SrcMAC: mac, NotSrcMAC: true},
-		Action: Action{Kind: Drop},
-	}}}
 }

@@ -51,7 +51,7 @@ func (p Plan) render() (*nftLayout, []*nftables.Rule, error) {
 	l := featureLayout(p.Feature)
 	var out []*nftables.Rule
 	for _, r := range p.Rules {
-		ex, err := nftExprs(p.Feature, r)
+		ex, err := nftExprs(r)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -16,16 +16,11 @@ import (
 // This file renders rules as nftables expressions and reads tags back from rule
 // userdata. It is pure; the netlink side is in nft_layout.go.
 
-// TableName is the nftables table of feature f: podwire_<name>, in the inet family
-// (bridge family for Bridge features).
+// TableName is the nftables table of feature f: inet podwire_<name>.
 func TableName(f Feature) string { return "podwire_" + f.Name }
 
 func nftTable(f Feature) *nftables.Table {
-	fam := nftables.TableFamilyINet
-	if f.Bridge {
-		fam = nftables.TableFamilyBridge
-	}
-	return &nftables.Table{Name: TableName(f), Family: fam}
+	return &nftables.Table{Name: TableName(f), Family: nftables.TableFamilyINet}
 }
 
 var nftHooks = map[string]nftables.ChainHook{
@@ -78,24 +73,16 @@ func ifnameBytes(s string) []byte {
 	return b
 }
 
-// nftExprs renders r as expressions for a table of f's family.
-func nftExprs(f Feature, r Rule) ([]expr.Any, error) {
+// nftExprs renders r as expressions for an inet table.
+func nftExprs(r Rule) ([]expr.Any, error) {
 	var e []expr.Any
 	m := r.Match
-	if !f.Bridge {
-		if r.Family != AnyFamily {
-			e = append(e, nfproto(r.Family)...)
-		}
-	} else if m.Src.IsValid() || m.Dst.IsValid() || m.Proto != "" || m.DstLocal {
-		return nil, fmt.Errorf("rule %q: bridge-family rules match layer 2 only", r)
+	if r.Family != AnyFamily {
+		e = append(e, nfproto(r.Family)...)
 	}
 	if m.InIface != "" {
 		e = append(e, &expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifnameBytes(m.InIface)})
-	}
-	if m.SrcMAC != nil {
-		e = append(e, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseLLHeader, Offset: 6, Len: 6},
-			&expr.Cmp{Op: cmpOp(m.NotSrcMAC), Register: 1, Data: []byte(m.SrcMAC)})
 	}
 	if m.Src.IsValid() {
 		e = append(e, nftPrefixMatch(false, m.Src, cmpOp(m.NotSrc))...)

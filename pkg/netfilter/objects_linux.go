@@ -225,27 +225,25 @@ func parseMasqNFTComment(c string) (Owner, bool) {
 	return Owner{Network: n, ContainerID: id, IfName: ifn}, ok
 }
 
-// PlanGCMacSpoof returns what bridge's macspoofchk GC removes for network (nothing on
-// a node without nf_tables, where bridge skips it): in the reference's layout the
-// attachments spoofStale picks, in podwire's former table those stalePick selects.
-func PlanGCMacSpoof(network string, keep cniplumb.Owners, ours func(hostIf string) bool) ([]Object, error) {
+// PlanGCMacSpoof returns what bridge's macspoofchk GC removes (nothing on a node
+// without nf_tables, where bridge skips it): the attachments spoofStale picks.
+func PlanGCMacSpoof(keep cniplumb.Owners, ours func(hostIf string) bool) ([]Object, error) {
 	return macSpoofObjects(func(l *nftLayout, st nftState) func(key, net string) bool {
 		stale := spoofStale(l, st, keep, ours)
 		return func(id, _ string) bool { return stale[id] }
-	}, featureLayout(MacSpoofFeature).stalePick(network, keep))
+	})
 }
 
-// ListMacSpoof returns every attachment's macspoofchk rules: the reference's layout
-// names no network (InNetwork is false for them; Of tells their owner), podwire's
-// former table does.
+// ListMacSpoof returns every attachment's macspoofchk rules. The reference's layout
+// names no network: InNetwork is false for them, Of tells their owner.
 func ListMacSpoof() ([]Object, error) {
-	all := func(string, string) bool { return true }
-	return macSpoofObjects(func(*nftLayout, nftState) func(key, net string) bool { return all }, all)
+	return macSpoofObjects(func(*nftLayout, nftState) func(key, net string) bool {
+		return func(string, string) bool { return true }
+	})
 }
 
-// macSpoofObjects returns the rules that pick, given a dump of the reference's layout,
-// selects there, and those legacy selects in podwire's former table.
-func macSpoofObjects(pick func(*nftLayout, nftState) func(key, net string) bool, legacy func(key, net string) bool) ([]Object, error) {
+// macSpoofObjects returns the rules that pick, given a dump of the layout, selects.
+func macSpoofObjects(pick func(*nftLayout, nftState) func(key, net string) bool) ([]Object, error) {
 	if !ProbeHost().NFTables {
 		return nil, nil
 	}
@@ -259,7 +257,5 @@ func macSpoofObjects(pick func(*nftLayout, nftState) func(key, net string) bool,
 	if err != nil {
 		return nil, err
 	}
-	out, err := nftObjects(s, l, "macspoof", pick(l, st))
-	old, oerr := nftObjects(s, featureLayout(MacSpoofFeature), "macspoof", legacy)
-	return append(out, old...), errors.Join(err, oerr)
+	return nftObjects(s, l, "macspoof", pick(l, st))
 }

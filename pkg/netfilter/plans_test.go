@@ -3,7 +3,6 @@
 package netfilter
 
 import (
-	"net"
 	"net/netip"
 	"strings"
 	"testing"
@@ -235,13 +234,12 @@ func TestPlanValidate(t *testing.T) {
 		{"dnat without addr", Rule{Hook: h, Family: IPv4, Action: Action{Kind: DNAT}}, "DNAT needs"},
 		{"address without family", Rule{Hook: h, Match: Match{Src: mustPrefix("10.0.0.1/32")}, Action: Action{Kind: Return}}, "needs a family"},
 		{"long interface", Rule{Hook: h, Family: IPv4, Match: Match{InIface: strings.Repeat("i", 16)}, Action: Action{Kind: Return}}, "longer than 15"},
-		{"short MAC", Rule{Hook: h, Family: IPv4, Match: Match{SrcMAC: net.HardwareAddr{1, 2}}, Action: Action{Kind: Return}}, "not 6 bytes"},
 		{"jump to no name", Rule{Hook: h, Family: IPv4, Action: Action{Kind: Jump, Chain: "X\nCOMMIT"}}, "not a usable iptables chain name"},
-		{"NAT in a filter hook", Rule{Hook: BridgePrerouting, Family: IPv4, Action: Action{Kind: Masquerade}}, "nat hook"},
+		{"NAT in a filter hook", Rule{Hook: filterInput, Family: IPv4, Action: Action{Kind: Masquerade}}, "nat hook"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := testFeature
-			f.Hooks = append(f.Hooks, BridgePrerouting)
+			f.Hooks = append(f.Hooks, filterInput)
 			if tc.name == "foreign hook" {
 				f = testFeature
 			}
@@ -293,18 +291,18 @@ func TestRuleArgs(t *testing.T) {
 			t.Errorf("ruleArgs(%s)\n got %s\nwant %s", tc.r, got, tc.want)
 		}
 	}
-	if _, err := ruleArgs(Rule{Hook: BridgePrerouting, Action: Action{Kind: Drop}}, ""); err == nil {
+	if _, err := ruleArgs(Rule{Hook: filterInput, Action: Action{Kind: Drop}}, ""); err == nil {
 		t.Error("a rule without family rendered for iptables")
 	}
 }
 
+// filterInput is a hook of the filter type, for rules that must not be NAT.
+var filterInput = Hook{Name: "input", Type: "filter", Priority: 0}
+
 func TestNFTExprs(t *testing.T) {
-	bad := Rule{Hook: BridgePrerouting, Family: IPv4, Match: Match{Src: mustPrefix("10.0.0.1/32")}, Action: Action{Kind: Drop}}
-	if _, err := nftExprs(MacSpoofFeature, bad); err == nil {
-		t.Error("an address match in a bridge-family feature was accepted")
-	}
+	bad := Rule{Hook: filterInput, Family: IPv4, Match: Match{Src: mustPrefix("10.0.0.1/32")}, Action: Action{Kind: Drop}}
 	jump := Rule{Hook: NATPrerouting, Family: IPv4, Action: Action{Kind: Jump, Chain: "KUBE-MARK-MASQ"}}
-	if _, err := nftExprs(HostPortFeature, jump); err == nil {
+	if _, err := nftExprs(jump); err == nil {
 		t.Error("nftables accepted a jump into an iptables chain")
 	}
 	tag := tagFor(ownerA, bad)

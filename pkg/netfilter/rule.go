@@ -10,7 +10,8 @@
 //	portmap, nftables   podwire's table inet podwire_hostport (hostport_nft.go)
 //	ipMasq, iptables    the reference's CNI-<hash> chain and POSTROUTING jumps (masq_iptables.go)
 //	ipMasq, nftables    the reference's table inet cni_plugins_masquerade (masq_nft_layout.go)
-//	macspoofchk         podwire's table bridge podwire_macspoof (nft_tables.go)
+//	macspoofchk         the reference's table bridge nat (macspoof.go)
+//	podwire-agent       podwire's table inet podwire_agent (nft_tables.go)
 //
 // Layouts run on two seams, XTables (xtables.go) and NFTConn (nft_layout.go); package
 // fake implements both in memory for unit tests.
@@ -18,7 +19,6 @@ package netfilter
 
 import (
 	"fmt"
-	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -28,7 +28,7 @@ import (
 type Family uint8
 
 const (
-	AnyFamily Family = 0 // rules that match no address (layer 2, bridge-family features)
+	AnyFamily Family = 0 // rules that match no address
 	IPv4      Family = 4
 	IPv6      Family = 6
 )
@@ -91,17 +91,13 @@ var (
 	NATPrerouting  = Hook{Name: "prerouting", Type: "nat", Priority: -100}
 	NATOutput      = Hook{Name: "output", Type: "nat", Priority: -100}
 	NATPostrouting = Hook{Name: "postrouting", Type: "nat", Priority: 100}
-	// BridgePrerouting sees every frame entering a bridge port, before any bridge
-	// decision (priority -300, as the reference spoof check uses).
-	BridgePrerouting = Hook{Name: "prerouting", Type: "filter", Priority: -300}
 )
 
-// Feature names a group of rules with its own nftables table, podwire_<Name>, so
+// Feature names a group of rules with its own nftables table, inet podwire_<Name>, so
 // features never touch each other's rules.
 type Feature struct {
-	Name   string // a short lower-case word ("hostport", "macspoof")
-	Hooks  []Hook // the base chains the feature's rules go into
-	Bridge bool   // a table of the bridge family (layer 2 rules) instead of inet
+	Name  string // a short lower-case word ("hostport", "agent")
+	Hooks []Hook // the base chains the feature's rules go into
 }
 
 // Proto is a layer-4 protocol a rule can match.
@@ -122,9 +118,7 @@ type Match struct {
 	DstPort        uint16 // needs Proto
 	DstLocal       bool   // destination is an address of this host
 	Mark           uint32 // all of these mark bits are set
-	InIface        string // arriving on this interface (bridge port for Bridge features)
-	SrcMAC         net.HardwareAddr
-	NotSrcMAC      bool
+	InIface        string // arriving on this interface
 }
 
 // ActionKind is what a rule does with a matching packet.
@@ -185,9 +179,6 @@ func (r Rule) String() string {
 	if m.InIface != "" {
 		fmt.Fprintf(&b, " iif %s", m.InIface)
 	}
-	if m.SrcMAC != nil {
-		fmt.Fprintf(&b, " ether saddr %s %s", not(m.NotSrcMAC), m.SrcMAC)
-	}
 	if m.Src.IsValid() {
 		fmt.Fprintf(&b, " saddr %s %s", not(m.NotSrc), m.Src)
 	}
@@ -238,9 +229,6 @@ func (r Rule) validate(f Feature) error {
 	}
 	if _, ok := protoNums[m.Proto]; m.Proto != "" && !ok {
 		return fmt.Errorf("rule %q: unknown protocol %q", r, m.Proto)
-	}
-	if m.SrcMAC != nil && len(m.SrcMAC) != 6 {
-		return fmt.Errorf("rule %q: MAC %s is not 6 bytes", r, m.SrcMAC)
 	}
 	if len(m.InIface) > 15 {
 		return fmt.Errorf("rule %q: interface name longer than 15 bytes", r)

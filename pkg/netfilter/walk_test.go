@@ -137,12 +137,50 @@ func walkMasqs() []netfilter.MasqPlan {
 	}
 }
 
-func walkMacSpoofs() []netfilter.Plan {
+// walkFeature is a table of podwire's own (the agent's kind): masquerade from each
+// owner's address, without the pod subnet.
+var walkFeature = netfilter.Feature{Name: "walk", Hooks: []netfilter.Hook{netfilter.NATPostrouting}}
+
+func walkFeaturePlans() []netfilter.Plan {
 	var out []netfilter.Plan
 	for i, o := range []Owner{walkA0, walkA1, walkB0, walkA2, walkC0} {
-		out = append(out, netfilter.PlanMacSpoof(o, fmt.Sprintf("veth%08x", i), mac(byte(i+1))))
+		src := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 66, 0, byte(i + 2)}), 32)
+		out = append(out, netfilter.Plan{Feature: walkFeature, Owner: o, Rules: []netfilter.Rule{
+			{Hook: netfilter.NATPostrouting, Family: netfilter.IPv4, Match: netfilter.Match{Src: src, Dst: pfx("10.66.0.0/16")}, Action: netfilter.Action{Kind: netfilter.Return}},
+			{Hook: netfilter.NATPostrouting, Family: netfilter.IPv4, Match: netfilter.Match{Src: src}, Action: netfilter.Action{Kind: netfilter.Masquerade}},
+		}})
 	}
 	return out
+}
+
+// walkMacSpoofs leaves out walkA2: the reference's macspoofchk layout names an
+// attachment by container and interface only, and one container (one netns) cannot
+// have two interfaces of one name.
+func walkMacSpoofs() []netfilter.MacSpoofPlan {
+	var out []netfilter.MacSpoofPlan
+	for i, o := range []Owner{walkA0, walkA1, walkB0, walkC0} {
+		out = append(out, netfilter.MacSpoofPlan{Owner: o, HostIf: fmt.Sprintf("veth%08x", i), MAC: mac(byte(i + 1))})
+	}
+	return out
+}
+
+// spoofWalker runs macspoofchk's backend, whose layout names no network: GC's ours
+// claims the host veths of the network's owners, as bridge's does through its bridge.
+func spoofWalker(b *netfilter.MacSpoof, plans []netfilter.MacSpoofPlan) walker {
+	w := walker{
+		apply:  func(ctx context.Context, i int) error { return b.Apply(ctx, plans[i]) },
+		check:  func(ctx context.Context, i int) error { return b.Check(ctx, plans[i]) },
+		remove: func(ctx context.Context, i int, _ bool) error { return b.Remove(ctx, plans[i].Owner) },
+		gc: func(ctx context.Context, n string, keep cniplumb.Owners) error {
+			return b.GC(ctx, keep, func(hostIf string) bool {
+				return slices.ContainsFunc(plans, func(p netfilter.MacSpoofPlan) bool { return p.HostIf == hostIf && p.Owner.Network == n })
+			})
+		},
+	}
+	for _, p := range plans {
+		w.owners = append(w.owners, p.Owner)
+	}
+	return w
 }
 
 type walkLayout struct {
@@ -169,8 +207,11 @@ var walkLayouts = []walkLayout{
 	{name: "masq/nftables", open: func(k *fake.Kernel) walker {
 		return masqWalker(netfilter.NewMasqOn(netfilter.KindNFTables, k, k), walkMasqs())
 	}},
+	{name: "feature/nftables", open: func(k *fake.Kernel) walker {
+		return featureWalker(netfilter.NewNFTablesOn(k), walkFeaturePlans())
+	}},
 	{name: "macspoof/nftables", open: func(k *fake.Kernel) walker {
-		return featureWalker(netfilter.NewNFTablesOn(k), walkMacSpoofs())
+		return spoofWalker(netfilter.NewMacSpoofOn(k), walkMacSpoofs())
 	}},
 }
 

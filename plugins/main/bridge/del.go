@@ -30,7 +30,7 @@ import (
 //     veth with prevResult's MAC (a pod the reference made): when the pod's
 //     namespace is unreachable but alive (unmounted, still held by a process), this
 //     is what removes the pair;
-//  3. the macspoofchk rules (both the reference's layout and podwire's former one);
+//  3. the macspoofchk rules (the reference's layout, whichever binary made them);
 //  4. the masquerade, in both layouts, by name (no addresses needed);
 //  5. the lease (IPAM DEL).
 func (p *plugin) del(ctx context.Context, in *cniplumb.Input) error {
@@ -170,7 +170,7 @@ func (p *plugin) gc(ctx context.Context, in *cniplumb.Input) error {
 		errs = append(errs, fmt.Errorf("removing stale ipMasq rules: %w", err))
 	}
 	ours := link.OnBridgeOrGone(ctx, p.links, t.Bridge)
-	if err := p.spoof.GC(ctx, in.Conf.Name, in.ValidAttachments, ours); err != nil {
+	if err := p.spoof.GC(ctx, in.ValidAttachments, ours); err != nil {
 		errs = append(errs, fmt.Errorf("removing stale macspoofchk rules: %w", err))
 	}
 	return errors.Join(errs...)

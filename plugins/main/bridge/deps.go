@@ -53,7 +53,7 @@ type spoofBackend interface {
 	Apply(ctx context.Context, p netfilter.MacSpoofPlan) error
 	Check(ctx context.Context, p netfilter.MacSpoofPlan) error
 	Remove(ctx context.Context, o netfilter.Owner) error
-	GC(ctx context.Context, network string, keep cniplumb.Owners, ours func(hostIf string) bool) error
+	GC(ctx context.Context, keep cniplumb.Owners, ours func(hostIf string) bool) error
 }
 
 // hostMasq is masqBackends on the node.
@@ -80,11 +80,11 @@ func (hostMasq) GC(ctx context.Context, network string, keep cniplumb.Owners) er
 // pod can have any.
 type hostSpoof struct{ *netfilter.MacSpoof }
 
-func (s hostSpoof) GC(ctx context.Context, network string, keep cniplumb.Owners, ours func(string) bool) error {
+func (s hostSpoof) GC(ctx context.Context, keep cniplumb.Owners, ours func(string) bool) error {
 	if !netfilter.ProbeHost().NFTables {
 		return nil
 	}
-	return s.MacSpoof.GC(ctx, network, keep, ours)
+	return s.MacSpoof.GC(ctx, keep, ours)
 }
 
 // warn reports a problem that does not fail the verb, on stderr and in the verb's log.
