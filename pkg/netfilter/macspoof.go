@@ -68,11 +68,18 @@ func (p MacSpoofPlan) Validate() error {
 	if len(p.MAC) != 6 {
 		return fmt.Errorf("macspoofchk of %s: %q is not an Ethernet MAC address", p.Owner, p.MAC)
 	}
-	id := spoofID(p.Owner)
-	if _, mac := spoofChains(id); len(mac) > nftMaxChainName || len(spoofCommentPfx+id) > nftMaxComment {
-		return fmt.Errorf("macspoofchk of %s: container ID and interface name make the chain %q longer than nftables allows; use a container ID of at most 200 bytes", p.Owner, mac)
+	if n := maxSpoofContainerID(p.Owner.IfName); len(p.Owner.ContainerID) > n {
+		return fmt.Errorf("macspoofchk of %s: the reference's layout puts container ID and interface name into a rule comment of at most %d bytes; with interface %q the container ID may have at most %d bytes, not %d (turn macspoofchk off for such containers)", p.Owner, nftMaxComment, p.Owner.IfName, n, len(p.Owner.ContainerID))
 	}
 	return nil
+}
+
+// maxSpoofContainerID is the longest container ID whose names fit nftables with
+// interface ifname: the comment "macspoofchk-<cid>-<ifname>" (the tighter limit) and
+// the chain "cni-br-iface-<cid>-<ifname>-mac".
+func maxSpoofContainerID(ifname string) int {
+	_, mac := spoofChains("-" + ifname)
+	return min(nftMaxComment-len(spoofCommentPfx+"-"+ifname), nftMaxChainName-len(mac))
 }
 
 // String renders the plan as the rules it installs.

@@ -5,6 +5,7 @@ package netfilter_test
 import (
 	"context"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -215,5 +216,37 @@ func TestFakeDelChain(t *testing.T) {
 	}
 	if d := cmp.Diff(spoofGoldenA, k.Dump()); d != "" {
 		t.Errorf("failed batches changed the state (-want +got):\n%s", d)
+	}
+}
+
+// TestMacSpoofLongContainerID: the longest container ID whose comment
+// "macspoofchk-<cid>-<ifname>" fits 128 bytes installs, checks and goes; one byte more
+// is refused with the limit for that interface, before anything changes.
+func TestMacSpoofLongContainerID(t *testing.T) {
+	ctx := context.Background()
+	k := fake.New()
+	b := netfilter.NewMacSpoofOn(k)
+	for _, ifname := range []string{"eth0", "abcdefghijklmno"} {
+		max := 128 - len("macspoofchk--"+ifname)
+		p := spoofA
+		p.Owner.IfName = ifname
+		p.Owner.ContainerID = strings.Repeat("c", max)
+		if err := b.Apply(ctx, p); err != nil {
+			t.Fatalf("Apply with a %d-byte container ID and %s: %v", max, ifname, err)
+		}
+		if err := b.Check(ctx, p); err != nil {
+			t.Errorf("Check: %v", err)
+		}
+		if err := b.Remove(ctx, p.Owner); err != nil {
+			t.Fatal(err)
+		}
+		p.Owner.ContainerID += "c"
+		want := "at most " + strconv.Itoa(max) + " bytes, not " + strconv.Itoa(max+1)
+		if err := b.Apply(ctx, p); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Apply with a %d-byte container ID = %v, want an error saying %q", max+1, err, want)
+		}
+		if got := k.Dump(); got != "" {
+			t.Errorf("left behind:\n%s", got)
+		}
 	}
 }

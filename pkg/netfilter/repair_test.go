@@ -306,10 +306,10 @@ func TestHostileNames(t *testing.T) {
 		{"macspoof/nftables", func(k *fake.Kernel, i int, o Owner) (attached, error) {
 			b := netfilter.NewMacSpoofOn(k)
 			p := netfilter.MacSpoofPlan{Owner: o, HostIf: fmt.Sprintf("veth%011d", i), MAC: mac(byte(i + 1))}
-			if len(o.ContainerID) > 200 {
-				// The reference's chain names hold the container ID: too long a one is
-				// refused before anything changes.
-				if err := b.Apply(t.Context(), p); err == nil || !strings.Contains(err.Error(), "at most 200 bytes") {
+			// The reference's comment "macspoofchk-<cid>-<ifname>" holds at most 128
+			// bytes: a longer container ID is refused before anything changes.
+			if max := 128 - len("macspoofchk--"+o.IfName); len(o.ContainerID) > max {
+				if err := b.Apply(t.Context(), p); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("at most %d bytes, not %d", max, len(o.ContainerID))) {
 					return attached{}, fmt.Errorf("Apply of a %d-byte container ID = %v, want refused", len(o.ContainerID), err)
 				}
 				return attached{func() error { return nil }, func() error { return b.Remove(t.Context(), o) }}, nil
