@@ -31,10 +31,9 @@ const whereIntro = "From the sections below, podwire with its default backends (
 	"from PATH, logged by wrappers in one untimed ADD/DEL after the timing. \"rest\" is what remains: podwire − floor − " +
 	"those operations − the processes at 2b's one-process cost (`iptables --version`: a restore that changes rules " +
 	"costs more, so the rest is an upper bound of the plugin's own work, and noise can make it negative). " +
-	"The re-executed children (this plugin's own binary, not in PATH) are not in the process column: bridge's and " +
-	"bandwidth's DEL start one for the link deletion and wait for it until the kernel's RTM_DELLINK (in its 2b row), and " +
-	"a DEL whose nf_tables sockets deleted rules starts one more, not waited for, to release them (its start is in the " +
-	"2b handoff row)."
+	"Every wait is the plugin's own: bridge's and bandwidth's DEL wait for the link deletion to return (the kernel's " +
+	"wait to free the link included), and a DEL whose nf_tables socket deleted rules waits in its exit for the kernel " +
+	"to free them; no plugin starts a process of its own binary."
 
 // whereRows are the plugins of the table, by their key in env.alone.
 var whereRows = []string{"loopback", "host-local", "bridge(ipMasq)+host-local", "portmap", "bandwidth"}
@@ -240,7 +239,7 @@ type waitItem struct{ label, key, over string }
 // waits are the section 2b operations plugin's verb waits for, with the backends k.
 func waits(plugin, verb string, k *backendKinds) []waitItem {
 	nftAdd := []waitItem{{"nf_tables add batch", "nft-add", ""}, {"exit after it", "exit-add", "exit-bare"}}
-	nftDel := []waitItem{{"nf_tables delete batch", "nft-del", ""}, {"exit handing the sockets to a child (ReleaseOffExit)", "exit-handoff", "exit-bare"}}
+	nftDel := []waitItem{{"nf_tables delete batch", "nft-del", ""}, {"exit after it (the socket's release waits for the frees)", "exit-del", "exit-bare"}}
 	// An iptables-nft process that deleted rules waits in its exit as 2b's child does.
 	var xtDel []waitItem
 	if k.xtNFT {
@@ -254,7 +253,7 @@ func waits(plugin, verb string, k *backendKinds) []waitItem {
 			out = append(out, nftAdd...)
 		}
 	case "bridge(ipMasq)+host-local DEL":
-		out = []waitItem{{"veth delete through the re-executed child until RTM_DELLINK", "veth-offexit", ""}}
+		out = []waitItem{{"veth delete from the pod's side", "veth-poddel", ""}}
 		switch k.masq {
 		case "nftables":
 			out = append(out, nftDel...)
@@ -275,7 +274,7 @@ func waits(plugin, verb string, k *backendKinds) []waitItem {
 	case "bandwidth ADD":
 		out = []waitItem{{"IFB create", "ifb-add", ""}}
 	case "bandwidth DEL":
-		out = []waitItem{{"IFB delete through the re-executed child until RTM_DELLINK", "ifb-offexit", ""}}
+		out = []waitItem{{"IFB delete", "ifb-del", ""}}
 	}
 	return out
 }
@@ -291,9 +290,6 @@ func (e *env) fillWhere() {
 		xt = "iptables-nft"
 	}
 	e.where.note("podwire's default backends on this machine: %s (from the tables an untimed ADD made); the iptables tools are %s", k, xt)
-	e.where.note("section 2 runs each plugin alone. In a chain (sections 1, 3, 4), a DEL that handed its sockets off " +
-		"leaves the kernel's frees pending for about a grace period (2b's exit rows), and the next process to release an nf_tables socket in that time " +
-		"(the next plugin's DEL, or any iptables-nft run) can wait for them: 2b's last row")
 	msOf := func(d time.Duration) float64 { return float64(d) / 1e6 }
 	proc := e.kernel["proc"]
 	for _, plugin := range whereRows {
