@@ -23,7 +23,7 @@ import (
 // for and the processes it starts (counted in an untimed pass of section 2).
 
 var whereHeader = []string{"plugin (section 2)", "verb", "podwire − floor ms", "kernel operations it waits for (section 2b medians, ms)",
-	"processes it starts (untimed pass)", "rest ms"}
+	"processes it starts (untimed pass)", "rest ms", "the rest, where over 3 ms: what it is, and can it go"}
 
 const whereIntro = "From the sections below, podwire with its default backends (as section 2 runs it). \"podwire − floor\" is " +
 	"section 2's median difference, the time the plugin adds to the runtime's own process start. Next to it, the section " +
@@ -350,11 +350,41 @@ func (e *env) fillWhere() {
 			} else {
 				known = false
 			}
-			r := "n/a"
+			r, why := "n/a", "—"
 			if known {
 				r = fmt.Sprintf("%+.1f", rest-sum)
+				if rest-sum > 3 {
+					why = restWhy(plugin, verb, k)
+				}
 			}
-			e.where.row(plugin, verb, d, kern, procs, r)
+			e.where.row(plugin, verb, d, kern, procs, r, why)
 		}
 	}
+}
+
+// restWhy says what a plugin's own work above 3 ms is, from what the verb does beyond
+// 2b's kernel operations and the processes' bare starts (the plugin's code path, read
+// against its README), and whether it can go.
+func restWhy(plugin, verb string, k *backendKinds) string {
+	switch plugin + " " + verb {
+	case "bridge(ipMasq)+host-local ADD":
+		return "the netlink requests 2b does not time (bridge lookup, port flags, addresses, routes, sysctls, " +
+			"the pod's lo and eth0 up) and host-local's lease (a lock, a write and an fsync of the lease file " +
+			"and its directory): each is needed; only the fsyncs could go, at the cost of crash safety"
+	case "bridge(ipMasq)+host-local DEL":
+		return "host-local's lease removal (lock, unlink, fsync of the directory) and the lookups that find " +
+			"both layouts' rules and the host veth: needed for a DEL that cleans up after either implementation"
+	case "portmap ADD", "portmap DEL":
+		if k.portmap == "iptables" {
+			return "iptables-restore costs more than 2b's one-process start (`iptables --version`): it parses, " +
+				"commits an nf_tables transaction (iptables-nft) and, after deleting rules, waits in its exit " +
+				"for the kernel to free them; it is the tool the reference uses too, and only the binary could avoid it"
+		}
+		return "the marker file (written and fsynced before the rules, so a crash leaves something DEL " +
+			"finds) and the conntrack flush for UDP mappings: both are needed"
+	case "bandwidth ADD", "bandwidth DEL":
+		return "the qdisc and filter requests 2b does not time (TBF on the host veth, the ingress hook, " +
+			"the redirect, TBF on the IFB): each is needed"
+	}
+	return "not profiled"
 }
