@@ -51,10 +51,13 @@ func Missing(t testing.TB, format string, a ...any) {
 	testenv.Missing(t, format, a...)
 }
 
-// New builds the plugins (once), creates the host netns and registers cleanup.
+// New builds the plugins (once), creates the host netns and registers cleanup. The
+// first cleanup it registers runs last, after all of the test's own: it fails the test
+// when a process the test started is still there (RequireNoNewProcs).
 func New(t testing.TB) *H {
 	t.Helper()
 	RequireRoot(t)
+	RequireNoNewProcs(t)
 	bin, err := BinDir()
 	if err != nil {
 		t.Fatalf("building plugins: %v", err)
