@@ -17,6 +17,9 @@ BUILD_STAMP := podwire-build:$(shell cat go.mod go.sum $$(find pkg plugins -name
 LDFLAGS     := -s -w -buildid= -X github.com/podwire/podwire/pkg/cniplumb.Version=$(VERSION) -X github.com/podwire/podwire/pkg/cniplumb.BuildStamp=$(BUILD_STAMP)
 # 2 cores: keep test parallelism sane.
 TEST_FLAGS  ?= -count=1 -p 2 -timeout 20m
+# make test's go test -json logs: one directory per checkout, emptied by each run.
+TEST_LOG_DIR ?= /tmp/podwire-test-logs$(subst /,-,$(CURDIR))
+TESTLOG     = $(GO) run ./tools/testlog run
 
 DIST_DIR    ?= dist
 # Commands built besides the plugins (podwire, podwire-agent); dist ships plugins only.
@@ -42,12 +45,17 @@ build:
 	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags '$(LDFLAGS)' -o $(BIN_DIR)/ $(addprefix ./,$(wildcard plugins/main/* plugins/ipam/* plugins/meta/*))
 	$(if $(CMDS),CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags '$(LDFLAGS)' -o $(BIN_DIR)/ $(addprefix ./,$(CMDS)))
 
-## test: gofmt, vet, unit tests and the root-only integration tests (they skip without root)
+## test: gofmt, vet, unit tests and the root-only integration tests (they skip without root,
+## and fail under CI=true)
 ## (unit packages first, in parallel; then the integration tests alone, so traffic-shaping
-## measurements do not share the 2 cores with other test binaries)
+## measurements do not share the 2 cores with other test binaries). The go test runs'
+## whole output (-json) goes to $(TEST_LOG_DIR); stdout gets each test's result line and
+## the output of failed ones; `go run ./tools/testlog skips $(TEST_LOG_DIR)/*.json` lists
+## the skips (.ci/run does).
 test: vet
-	$(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v /integration)
-	$(GO) test -count=1 -p 1 -timeout 40m ./integration/...
+	@mkdir -p $(TEST_LOG_DIR) && rm -f $(TEST_LOG_DIR)/*.json && echo "test logs: $(TEST_LOG_DIR)"
+	$(TESTLOG) -log $(TEST_LOG_DIR)/unit.json -- $(GO) test -json $(TEST_FLAGS) $$($(GO) list ./... | grep -v /integration)
+	$(TESTLOG) -log $(TEST_LOG_DIR)/integration.json -- $(GO) test -json -count=1 -p 1 -timeout 40m ./integration/...
 	FUZZTIME=$(FUZZTIME) bash .ci/fuzz
 
 ## fuzz: every fuzz target for FUZZTIME (make fuzz FUZZTIME=1m)

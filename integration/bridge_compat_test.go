@@ -17,6 +17,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/podwire/podwire/integration/nstest"
+	"github.com/podwire/podwire/internal/testenv"
 	"github.com/podwire/podwire/pkg/netfilter"
 )
 
@@ -328,7 +329,7 @@ func TestBridgeCompatLegacyIPTables(t *testing.T) {
 	c := newCompat(t)
 	h := c.h
 	if out, err := nstest.RunIn(h.HostNS, filepath.Join(bin, "iptables"), "-t", "nat", "-S", "POSTROUTING"); err != nil {
-		t.Skipf("iptables-legacy does not work on this kernel: %v\n%s", err, out)
+		testenv.KernelLacks(t, fmt.Sprintf("iptables-legacy -t nat fails: %v\n%s", err, out), "CONFIG_IP_NF_IPTABLES", "CONFIG_IP_NF_NAT")
 	}
 	// The plugins (through libcni) and the observers below run with this PATH.
 	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))

@@ -34,7 +34,7 @@ func TestChurn(t *testing.T) {
 	h := nstest.New(t)
 	for _, p := range []string{"bridge", "host-local", "portmap", "bandwidth"} {
 		if _, err := os.Stat(filepath.Join(h.BinDir, p)); err != nil {
-			t.Skipf("plugin %s is not built in this tree yet", p)
+			t.Fatalf("plugin %s is missing from %s: %v", p, h.BinDir, err)
 		}
 	}
 	n, workers, prob := 48, 8, 0.12

@@ -45,7 +45,7 @@ func TestConfExamples(t *testing.T) {
 				pm := p.(map[string]any)
 				typ := pm["type"].(string)
 				if _, err := os.Stat(filepath.Join(h.BinDir, typ)); err != nil {
-					t.Skipf("plugin %s is not built in this tree yet", typ)
+					t.Fatalf("%s names plugin %s, which is missing from %s: %v", file, typ, h.BinDir, err)
 				}
 				if _, ok := pm["bridge"]; ok {
 					pm["bridge"] = h.Name("br")

@@ -3,7 +3,8 @@
 // Package nodestate takes a text snapshot of everything podwire may touch on a node
 // (links, addresses, routes, sysctls, iptables and nftables rules, qdiscs and filters,
 // lease files) inside one network namespace, so a test can assert that DEL or GC
-// returned the node to exactly its previous state.
+// returned the node to exactly its previous state; and lists the test process's
+// descendants (Descendants), so a test can assert that nothing it started is left.
 package nodestate
 
 import (

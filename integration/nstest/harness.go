@@ -20,6 +20,8 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
+
+	"github.com/podwire/podwire/internal/testenv"
 )
 
 // H is one test's private world: a host netns in which the plugins run, any number of
@@ -33,30 +35,29 @@ type H struct {
 	CNI     *libcni.CNIConfig
 }
 
-// RequireRoot skips the test with a clear message when not running as root.
+// RequireRoot ends the test unless it runs as root: a skip with a clear message on a
+// developer's machine, a failure under CI=true (testenv.RequireRoot).
 func RequireRoot(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create network namespaces and links; run `sudo make test` (CI runs as root)")
-	}
+	testenv.RequireRoot(t)
 }
 
 // Missing reports a tool or reference binary the test needs but cannot have: a skip
 // on a developer's machine, a failure under CI=true, where .ci/run installs everything
 // (a missing tool there is a broken CI script, and tests proving compatibility with
-// the reference must never quietly not run).
+// the reference must never quietly not run). See testenv.Missing.
 func Missing(t testing.TB, format string, a ...any) {
 	t.Helper()
-	if os.Getenv("CI") != "" {
-		t.Fatalf(format, a...)
-	}
-	t.Skipf(format, a...)
+	testenv.Missing(t, format, a...)
 }
 
-// New builds the plugins (once), creates the host netns and registers cleanup.
+// New builds the plugins (once), creates the host netns and registers cleanup. The
+// first cleanup it registers runs last, after all of the test's own: it fails the test
+// when a process the test started is still there (RequireNoNewProcs).
 func New(t testing.TB) *H {
 	t.Helper()
 	RequireRoot(t)
+	RequireNoNewProcs(t)
 	bin, err := BinDir()
 	if err != nil {
 		t.Fatalf("building plugins: %v", err)

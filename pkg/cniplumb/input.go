@@ -38,7 +38,17 @@ type Input struct {
 	Prev types.Result
 	// ValidAttachments is cni.dev/valid-attachments, for GC.
 	ValidAttachments Owners
+
+	// RunDir is where podwire keeps its small per-boot state (DefaultRunDir in Main;
+	// a test's own directory in tests).
+	RunDir string
+	// BuildStamp is the podwire build this binary is (the linker's BuildStamp in
+	// Main); "" means a plain `go build`, which runs no other plugin in-process.
+	BuildStamp string
 }
+
+// Verdicts is the verdict cache in the input's RunDir.
+func (in *Input) Verdicts() Verdicts { return Verdicts{Dir: in.RunDir} }
 
 // Owner is the attachment this call is about.
 func (in *Input) Owner() Owner {
@@ -74,6 +84,8 @@ func parseInput(cmd string, env func(string) string, stdin []byte) (*Input, erro
 		Args:        env("CNI_ARGS"),
 		Path:        env("CNI_PATH"),
 		Stdin:       stdin,
+		RunDir:      DefaultRunDir,
+		BuildStamp:  BuildStamp,
 	}
 	if err := json.Unmarshal(stdin, &in.Conf); err != nil {
 		return nil, DecodeError("network configuration", err)

@@ -31,11 +31,13 @@ var Version = "dev"
 // it for every plugin to "podwire-build:" and a hash of the Go sources, go.mod and
 // go.sum (-ldflags "-X github.com/podwire/podwire/pkg/cniplumb.BuildStamp=..."). It is
 // empty in a plain `go build`, and then no plugin runs another in its own process.
+// Only the linker sets it; code reads it from Input.BuildStamp, which Main fills and
+// tests pass as they need.
 var BuildStamp string
 
-// RunDir holds podwire's small per-boot state (locks, caches); it is a tmpfs on
-// systemd hosts, so nothing in it survives a reboot.
-var RunDir = "/run/podwire"
+// DefaultRunDir holds podwire's small per-boot state (locks, caches); it is a tmpfs on
+// systemd hosts, so nothing in it survives a reboot. Main passes it as Input.RunDir.
+const DefaultRunDir = "/run/podwire"
 
 // SupportedVersions are the cniVersions a podwire plugin accepts unless its Verbs
 // say otherwise: those of the CNI library's version.All, 0.1.0 to 1.1.0, as the

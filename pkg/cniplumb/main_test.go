@@ -237,6 +237,18 @@ func TestPrevResultAtLegacyVersion(t *testing.T) {
 	}
 }
 
+// Main gives every verb the node's run directory and this binary's build stamp as
+// values, never through package variables a test would have to set.
+func TestInputCarriesRunDirAndBuildStamp(t *testing.T) {
+	in, err := parseInput("ADD", func(string) string { return "" }, []byte(`{"cniVersion":"1.0.0","name":"n","type":"plumbtest"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.RunDir != DefaultRunDir || in.BuildStamp != BuildStamp || in.Verdicts().dir() != DefaultRunDir {
+		t.Errorf("RunDir %q, BuildStamp %q, verdicts in %q; want %q, the linker's %q, %q", in.RunDir, in.BuildStamp, in.Verdicts().dir(), DefaultRunDir, BuildStamp, DefaultRunDir)
+	}
+}
+
 func TestPrevResultPassedThrough(t *testing.T) {
 	conf := `{"cniVersion":"0.4.0","name":"n","type":"plumbtest","prevResult":{"cniVersion":"0.4.0",
 		"interfaces":[{"name":"eth0","sandbox":"/x"}],"ips":[{"version":"4","address":"10.1.2.3/24","interface":0}]}}`

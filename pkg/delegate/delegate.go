@@ -147,32 +147,33 @@ func runLocal(plugin string, f func() error) (err error) {
 
 func (d Delegator) local(in *cniplumb.Input, plugin string) (cniplumb.Verbs, bool) {
 	b, ok := d.Builtin[plugin]
-	if !ok || cniplumb.BuildStamp == "" {
+	if !ok || in.BuildStamp == "" {
 		return cniplumb.Verbs{}, false
 	}
 	path, err := findPlugin(plugin, filepath.SplitList(in.Path))
 	if err != nil {
 		return cniplumb.Verbs{}, false // executing it reports the error
 	}
-	return b.Verbs, sameBuild(path, b.Package)
+	return b.Verbs, sameBuild(in, path, b.Package)
 }
 
 // sameBuild reports whether the file at path is an executable built from the same
-// podwire sources (cniplumb.BuildStamp), by the same Go release, as the Go main package pkg. The
-// verdict is cached in cniplumb.RunDir per file identity (device, inode, size, mtime, ctime), so
+// podwire sources (in.BuildStamp), by the same Go release, as the Go main package pkg. The
+// verdict is cached in in.RunDir per file identity (device, inode, size, mtime, ctime), so
 // only the first call after the file changed reads it.
-func sameBuild(path, pkg string) bool {
+func sameBuild(in *cniplumb.Input, path, pkg string) bool {
 	var st unix.Stat_t
 	if unix.Stat(path, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Mode&0o111 == 0 {
 		return false // executing it reports what is wrong
 	}
-	return cniplumb.FileVerdict("delegate-"+filepath.Base(path), path,
-		cniplumb.BuildStamp+" "+runtime.Version()+" "+pkg, func() bool { return readSameBuild(path, pkg) })
+	stamp := in.BuildStamp
+	return in.Verdicts().File("delegate-"+filepath.Base(path), path,
+		stamp+" "+runtime.Version()+" "+pkg, func() bool { return readSameBuild(path, pkg, stamp) })
 }
 
-func readSameBuild(path, pkg string) bool {
+func readSameBuild(path, pkg, stamp string) bool {
 	b, err := os.ReadFile(path)
-	if err != nil || !bytes.Contains(b, []byte(cniplumb.BuildStamp)) {
+	if err != nil || !bytes.Contains(b, []byte(stamp)) {
 		return false
 	}
 	bi, err := buildinfo.Read(bytes.NewReader(b))

@@ -83,11 +83,12 @@ func delegateEnv(t *testing.T, cmd string) (dir string, in func(stdin string) *c
 	for k, v := range env {
 		t.Setenv(k, v)
 	}
-	cniplumb.RunDir = t.TempDir()
-	t.Cleanup(func() { cniplumb.RunDir = "/run/podwire"; cniplumb.BuildStamp = "" })
+	runDir := t.TempDir()
 	return dir, func(stdin string) *cniplumb.Input {
+		// An unstamped build, as a plain `go test` is; tests that delegate in-process
+		// set BuildStamp.
 		in := &cniplumb.Input{Command: cmd, ContainerID: env["CNI_CONTAINERID"], Netns: env["CNI_NETNS"],
-			IfName: env["CNI_IFNAME"], Path: dir, Stdin: []byte(stdin)}
+			IfName: env["CNI_IFNAME"], Path: dir, Stdin: []byte(stdin), RunDir: runDir}
 		if err := json.Unmarshal(in.Stdin, &in.Conf); err != nil {
 			t.Fatalf("parsing input: %v", err)
 		}
@@ -98,7 +99,7 @@ func delegateEnv(t *testing.T, cmd string) (dir string, in func(stdin string) *c
 func ownPackage(t *testing.T) string {
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
-		t.Skip("no build info in the test binary")
+		t.Fatal("no build info in the test binary: a module-mode `go test` always has it")
 	}
 	return bi.Path
 }
@@ -154,7 +155,7 @@ func TestDelegatorInProcessMatchesExec(t *testing.T) {
 				}
 			}
 			executed := call(Delegator{})
-			cniplumb.BuildStamp = testStamp
+			in.BuildStamp = testStamp
 			d := Delegator{Builtin: map[string]Builtin{"plumbtest": {Verbs: testVerbs, Package: pkg}}}
 			if !d.InProcess(in, "plumbtest") {
 				t.Fatal("the test binary under its own stamp is not taken as the same build")
@@ -175,15 +176,15 @@ func TestDelegatorExecutesOtherBuilds(t *testing.T) {
 	in := input(`{"cniVersion":"1.0.0","name":"n"}`)
 	d := Delegator{Builtin: map[string]Builtin{"plumbtest": {Verbs: testVerbs, Package: pkg}}}
 
-	cniplumb.BuildStamp = ""
+	in.BuildStamp = ""
 	if d.InProcess(in, "plumbtest") {
 		t.Error("an unstamped build runs plugins in-process")
 	}
-	cniplumb.BuildStamp = fmt.Sprintf("podwire-build:absent-%d", time.Now().UnixNano()) // made at run time: not in the file
+	in.BuildStamp = fmt.Sprintf("podwire-build:absent-%d", time.Now().UnixNano()) // made at run time: not in the file
 	if d.InProcess(in, "plumbtest") {
 		t.Error("a file without this build's stamp is taken as the same build")
 	}
-	cniplumb.BuildStamp = testStamp
+	in.BuildStamp = testStamp
 	other := Delegator{Builtin: map[string]Builtin{"plumbtest": {Verbs: testVerbs, Package: "github.com/podwire/podwire/plugins/ipam/host-local"}}}
 	if other.InProcess(in, "plumbtest") {
 		t.Error("a binary of another main package is taken as the plugin")
@@ -191,7 +192,7 @@ func TestDelegatorExecutesOtherBuilds(t *testing.T) {
 	if !d.InProcess(in, "plumbtest") {
 		t.Fatal("the same build is not run in-process")
 	}
-	if b, err := os.ReadFile(filepath.Join(cniplumb.RunDir, "delegate-plumbtest")); err != nil || !strings.HasSuffix(string(b), "\nyes\n") {
+	if b, err := os.ReadFile(filepath.Join(in.RunDir, "delegate-plumbtest")); err != nil || !strings.HasSuffix(string(b), "\nyes\n") {
 		t.Errorf("verdict cache: %q, %v", b, err)
 	}
 	if (Delegator{Builtin: map[string]Builtin{}}).InProcess(in, "plumbtest") {

@@ -15,14 +15,14 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
+
+	"github.com/podwire/podwire/internal/testenv"
 )
 
-// freshNS is a new network namespace, removed at the end; it skips without root.
+// freshNS is a new network namespace, removed at the end; without root it is testenv.Missing.
 func freshNS(t *testing.T) ns.NetNS {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for network namespaces; run as root (CI does)")
-	}
+	testenv.RequireRoot(t)
 	n, err := testutils.NewNS()
 	if err != nil {
 		t.Fatal(err)

@@ -5,7 +5,6 @@ package tc
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -14,15 +13,15 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
+
+	"github.com/podwire/podwire/internal/testenv"
 )
 
 // kernelNS gives a test a fresh network namespace with a veth pair (dev "h0", peer
-// "p0", both up, MTU 1500) and removes it at the end. It skips without root.
+// "p0", both up, MTU 1500) and removes it at the end. Without root it is testenv.Missing.
 func kernelNS(t *testing.T) ns.NetNS {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for network namespaces; run as root (CI does)")
-	}
+	testenv.RequireRoot(t)
 	n, err := testutils.NewNS()
 	if err != nil {
 		t.Fatal(err)

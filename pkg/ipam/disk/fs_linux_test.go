@@ -4,6 +4,7 @@ package disk_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"golang.org/x/sys/unix"
 
+	"github.com/podwire/podwire/internal/testenv"
 	"github.com/podwire/podwire/pkg/cniplumb"
 	"github.com/podwire/podwire/pkg/ipam"
 	"github.com/podwire/podwire/pkg/ipam/disk"
@@ -21,12 +23,10 @@ import (
 // cleanup.
 func smallTmpfs(t *testing.T) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount a small tmpfs; run as root (CI does)")
-	}
+	testenv.RequireRoot(t)
 	dir := t.TempDir()
 	if err := unix.Mount("podwire-test", dir, "tmpfs", 0, "size=1m,mode=0755"); err != nil {
-		t.Skipf("cannot mount tmpfs: %v", err)
+		testenv.KernelLacks(t, fmt.Sprintf("cannot mount a tmpfs: %v", err), "CONFIG_TMPFS")
 	}
 	t.Cleanup(func() {
 		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
