@@ -119,9 +119,14 @@ func (nd *node) readState(ctx context.Context, n network, objs []netfilter.Objec
 	}
 	s.Cached, err = nd.cached(s.Name)
 	errs = append(errs, err)
-	// The network's objects: those the layout says are its, then, where a layout names
-	// no network (macspoofchk, the reference portmap's cni_hostport), those of an
-	// attachment the network knows.
+	s.addObjects(objs)
+	return s, errors.Join(errs...)
+}
+
+// addObjects takes the network's objects from objs: those the layout says are its,
+// then, where a layout names no network (macspoofchk, the reference portmap's
+// cni_hostport), those of an attachment the network knows.
+func (s *netState) addObjects(objs []netfilter.Object) {
 	var nameless []netfilter.Object
 	for _, o := range objs {
 		switch {
@@ -143,7 +148,6 @@ func (nd *node) readState(ctx context.Context, n network, objs []netfilter.Objec
 			}
 		}
 	}
-	return s, errors.Join(errs...)
 }
 
 // cached returns libcni's cached attachments of network (what GCNetworkList DELs
