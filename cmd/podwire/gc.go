@@ -88,18 +88,9 @@ func runGC(args []string, out io.Writer) error {
 		}
 	}
 	if *dry {
-		plan := GCPlan{Removals: []Removal{}}
-		for _, n := range nets {
-			s, err := nd.readState(ctx, n)
-			if err != nil {
-				return fmt.Errorf("network %s: %w", n.List.Name, err)
-			}
-			p, err := planGC(ctx, n.List, s, withSandboxes(gcAtt, s, sandboxes))
-			if err != nil {
-				return fmt.Errorf("network %s: %w", n.List.Name, err)
-			}
-			plan.Removals = append(plan.Removals, p.Removals...)
-			plan.Notes = append(plan.Notes, p.Notes...)
+		plan, err := nd.dryRun(ctx, nets, gcAtt, sandboxes)
+		if err != nil {
+			return err
 		}
 		if *asJSON {
 			enc := json.NewEncoder(out)
@@ -111,8 +102,12 @@ func runGC(args []string, out io.Writer) error {
 	}
 	c := libcni.NewCNIConfigWithCacheDir(nd.binDirs, nd.cacheDir, nil)
 	var errs []error
+	objs, err := nd.h.nf.List(ctx)
+	if err != nil && len(sandboxes) > 0 {
+		return fmt.Errorf("reading which rules the sandboxes have: %w", err)
+	}
 	for _, n := range nets {
-		s, err := nd.readState(ctx, n)
+		s, err := nd.readState(ctx, n, objs)
 		if err != nil && len(sandboxes) > 0 {
 			errs = append(errs, fmt.Errorf("network %s: reading which attachments the sandboxes have: %w", n.List.Name, err))
 			continue
@@ -125,6 +120,28 @@ func runGC(args []string, out io.Writer) error {
 		fmt.Fprintf(out, "network %s: GC done with %d valid attachments\n", n.List.Name, len(att))
 	}
 	return errors.Join(errs...)
+}
+
+// dryRun is gc --dry-run's plan for nets.
+func (nd *node) dryRun(ctx context.Context, nets []network, valid []types.GCAttachment, sandboxes map[string]bool) (GCPlan, error) {
+	plan := GCPlan{Removals: []Removal{}}
+	objs, err := nd.h.nf.List(ctx)
+	if err != nil {
+		return plan, fmt.Errorf("reading netfilter rules: %w", err)
+	}
+	for _, n := range nets {
+		s, err := nd.readState(ctx, n, objs)
+		if err != nil {
+			return plan, fmt.Errorf("network %s: %w", n.List.Name, err)
+		}
+		p, err := nd.planGC(ctx, n.List, s, objs, withSandboxes(valid, s, sandboxes))
+		if err != nil {
+			return plan, fmt.Errorf("network %s: %w", n.List.Name, err)
+		}
+		plan.Removals = append(plan.Removals, p.Removals...)
+		plan.Notes = append(plan.Notes, p.Notes...)
+	}
+	return plan, nil
 }
 
 // withSandboxes adds, for every CRI sandbox, each attachment of the network whose
@@ -143,8 +160,9 @@ func withSandboxes(valid []types.GCAttachment, s *netState, sandboxes map[string
 }
 
 // planGC is what libcni's GCNetworkList and then each plugin's GC remove, computed by
-// the plugins' own planning functions on the state they read.
-func planGC(ctx context.Context, l *libcni.NetworkConfigList, s *netState, att []types.GCAttachment) (GCPlan, error) {
+// the plugins' own planning functions (netfilter.Stale, ipam.PlanGC, tc.PlanGC,
+// portstate.PlanGC) on the state they read; objs is every netfilter object.
+func (nd *node) planGC(ctx context.Context, l *libcni.NetworkConfigList, s *netState, objs []netfilter.Object, att []types.GCAttachment) (GCPlan, error) {
 	var p GCPlan
 	if l.DisableGC {
 		p.Notes = append(p.Notes, l.Name+": disableGC is set; GC does nothing")
@@ -156,9 +174,20 @@ func planGC(ctx context.Context, l *libcni.NetworkConfigList, s *netState, att [
 		keep[cniplumb.Owner{Network: l.Name, ContainerID: a.ContainerID, IfName: a.IfName}] = true
 		isValid[a] = true
 	}
+	_, hasPortmap := plugin(l, "portmap")
 	for _, a := range s.Cached {
-		if !isValid[types.GCAttachment{ContainerID: a.ContainerID, IfName: a.IfName}] {
-			p.add(l.Name, "libcni", "del", a.ContainerID+"/"+a.IfName, l.Name+"/"+a.ContainerID+"/"+a.IfName)
+		if isValid[types.GCAttachment{ContainerID: a.ContainerID, IfName: a.IfName}] {
+			continue
+		}
+		o := cniplumb.Owner{Network: l.Name, ContainerID: a.ContainerID, IfName: a.IfName}
+		p.add(l.Name, "libcni", "del", a.ContainerID+"/"+a.IfName, o.Key())
+		// That DEL runs portmap's, which removes the reference portmap's cni_hostport
+		// rules of the container: a layout naming no network, so only the DEL of a
+		// known attachment reaches them.
+		for _, ob := range objs {
+			if hasPortmap != nil && ob.What == "hostports" && !ob.InNetwork(l.Name) && ob.Of(o) {
+				p.add(l.Name, "portmap", ob.What, ob.Backend+" "+ob.Key, o.Key())
+			}
 		}
 	}
 	if ok, _ := version.GreaterThanOrEqualTo(l.CNIVersion, "1.1.0"); !ok {
@@ -175,21 +204,17 @@ func planGC(ctx context.Context, l *libcni.NetworkConfigList, s *netState, att [
 			} else if pl.Network.IPAM.Type != "" {
 				p.Notes = append(p.Notes, fmt.Sprintf("%s: IPAM plugin %s: its GC is not podwire's to preview", l.Name, pl.Network.IPAM.Type))
 			}
-			objs, err := netfilter.PlanGCMasq(ctx, l.Name, keep)
-			errs = append(errs, err)
-			p.addObjects(l.Name, typ, objs, s)
 			// bridge's GC takes the "bridge" key as given (no cni0 default) to tell
 			// which macspoofchk rules are this network's.
 			var m map[string]any
 			_ = json.Unmarshal(pl.Bytes, &m)
-			ours := link.OnBridgeOrGone(ctx, link.NewNetlink(), str(m, "bridge"))
-			objs, err = netfilter.PlanGCMacSpoof(keep, ours)
-			errs = append(errs, err)
-			p.addObjects(l.Name, typ, objs, s)
+			ours := link.OnBridgeOrGone(ctx, nd.h.links, str(m, "bridge"))
+			p.addObjects(l.Name, typ, netfilter.Stale(what(objs, "masquerade", ""), l.Name, keep, nil), s)
+			p.addObjects(l.Name, typ, netfilter.Stale(what(objs, "macspoof", ""), l.Name, keep, ours), s)
 		case "portmap":
-			errs = append(errs, p.planHostPorts(ctx, l, pl.Bytes, s, keep))
+			p.planHostPorts(nd.h, l, pl.Bytes, s, objs, keep)
 		case "bandwidth":
-			ifbs, err := tc.NewNetlink(nil).IFBs(ctx)
+			ifbs, err := nd.h.tc.IFBs(ctx)
 			errs = append(errs, err)
 			for _, r := range tc.PlanGC(ifbs, l.Name, keep) {
 				for _, i := range r.IFBs {
@@ -245,9 +270,20 @@ func (p *GCPlan) planLeases(ctx context.Context, l *libcni.NetworkConfigList, s 
 	})
 }
 
+// what returns the objects of kind what in the backend of kind k ("": any).
+func what(objs []netfilter.Object, what string, k netfilter.Kind) []netfilter.Object {
+	var out []netfilter.Object
+	for _, o := range objs {
+		if o.What == what && strings.HasPrefix(o.Backend, string(k)) {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
 // planHostPorts is portmap's GC: each backend's GC in the backends portstate.GCKinds
 // picks, then the stale markers.
-func (p *GCPlan) planHostPorts(ctx context.Context, l *libcni.NetworkConfigList, conf []byte, s *netState, keep cniplumb.Owners) error {
+func (p *GCPlan) planHostPorts(h *host, l *libcni.NetworkConfigList, conf []byte, s *netState, objs []netfilter.Object, keep cniplumb.Owners) {
 	var raw struct {
 		Backend string `json:"backend"`
 	}
@@ -257,22 +293,18 @@ func (p *GCPlan) planHostPorts(ctx context.Context, l *libcni.NetworkConfigList,
 		want = netfilter.Auto // portmap's teardown reads leniently too
 	}
 	configured := netfilter.Kind("")
-	if _, k, err := netfilter.OpenHostPorts(want); err == nil {
+	if k, err := h.hostPorts(want); err == nil {
 		configured = k
 	}
-	var errs []error
 	for _, k := range portstate.GCKinds(configured, s.Markers) {
-		if _, _, err := netfilter.OpenHostPorts(k); cniplumb.Code(err) == cniplumb.CodeNotAvailable {
+		if _, err := h.hostPorts(k); cniplumb.Code(err) == cniplumb.CodeNotAvailable {
 			continue
 		}
-		objs, err := netfilter.PlanGCHostPorts(ctx, k, l.Name, keep)
-		errs = append(errs, err)
-		p.addObjects(l.Name, "portmap", objs, s)
+		p.addObjects(l.Name, "portmap", netfilter.Stale(what(objs, "hostports", k), l.Name, keep, nil), s)
 	}
 	for _, m := range portstate.PlanGC(s.Markers, l.Name, keep) {
 		p.add(l.Name, "portmap", "portmap-marker", m.File, m.Owner)
 	}
-	return errors.Join(errs...)
 }
 
 func ifbOwner(s *netState, name string) string {

@@ -71,17 +71,7 @@ func runInspect(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	ctx := context.Background()
-	inv := Inventory{Attachments: []Attachment{}, Orphans: []Orphan{}}
-	for _, n := range nets {
-		s, err := nd.readState(ctx, n)
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "podwire inspect: network %s: %v\n", n.List.Name, err)
-		}
-		a, o := s.inventory(ctx)
-		inv.Attachments = append(inv.Attachments, a...)
-		inv.Orphans = append(inv.Orphans, o...)
-	}
+	inv := nd.inspect(context.Background(), nets, os.Stderr)
 	if *asJSON {
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")
@@ -91,10 +81,42 @@ func runInspect(args []string, out io.Writer) error {
 	return nil
 }
 
+// inspect reads every network's state into the inventory; what cannot be read is
+// reported on warn. Objects of a layout that names no network (the reference
+// portmap's cni_hostport, macspoofchk) that no network's attachment owns are orphans
+// of network "-".
+func (nd *node) inspect(ctx context.Context, nets []network, warn io.Writer) Inventory {
+	inv := Inventory{Attachments: []Attachment{}, Orphans: []Orphan{}}
+	objs, err := nd.h.nf.List(ctx)
+	if err != nil {
+		fmt.Fprintf(warn, "podwire inspect: netfilter: %v\n", err)
+	}
+	seen := map[string]bool{}
+	for _, n := range nets {
+		s, err := nd.readState(ctx, n, objs)
+		if err != nil {
+			fmt.Fprintf(warn, "podwire inspect: network %s: %v\n", n.List.Name, err)
+		}
+		a, o := s.inventory(ctx, nd.h)
+		inv.Attachments = append(inv.Attachments, a...)
+		inv.Orphans = append(inv.Orphans, o...)
+		for _, ob := range slices.Concat(s.Masq, s.HostPort, s.MacSpoof) {
+			seen[ob.String()] = true
+		}
+	}
+	for _, o := range objs {
+		if !seen[o.String()] && !slices.ContainsFunc(nets, func(n network) bool { return o.InNetwork(n.List.Name) }) &&
+			(o.What == "macspoof" || o.Owner.Network == "") {
+			inv.Orphans = append(inv.Orphans, Orphan{"-", o.What, o.Backend + " " + o.Key, ownerText(o.Owner)})
+		}
+	}
+	return inv
+}
+
 // inventory joins the state into rows: an attachment is an owner with a lease or a
 // cached ADD result; every other object is an orphan, and so is a lease whose veth is
 // gone.
-func (s *netState) inventory(ctx context.Context) ([]Attachment, []Orphan) {
+func (s *netState) inventory(ctx context.Context, h *host) ([]Attachment, []Orphan) {
 	var rows []Attachment
 	var orphans []Orphan
 	usedVeth := map[string]bool{}
@@ -105,7 +127,6 @@ func (s *netState) inventory(ctx context.Context) ([]Attachment, []Orphan) {
 	for _, p := range s.Ports {
 		ports[p] = true
 	}
-	tcb := tc.NewNetlink(nil)
 	for _, o := range s.owners() {
 		a := Attachment{Network: o.Network, ContainerID: o.ContainerID, IfName: o.IfName}
 		for _, l := range s.Leases {
@@ -123,7 +144,7 @@ func (s *netState) inventory(ctx context.Context) ([]Attachment, []Orphan) {
 			}
 		}
 		if veth, err := link.HostVethName(o); err == nil && s.Bridge != "" {
-			if _, err := link.NewNetlink().Inspect(ctx, link.Ref{Name: veth}); err == nil {
+			if _, err := h.links.Inspect(ctx, link.Ref{Name: veth}); err == nil {
 				a.HostVeth, usedVeth[veth] = veth, true
 			} else {
 				a.Problems = append(a.Problems, "host veth "+veth+" is gone")
@@ -135,7 +156,7 @@ func (s *netState) inventory(ctx context.Context) ([]Attachment, []Orphan) {
 			}
 		}
 		if a.HostVeth != "" || a.IFB != "" {
-			a.Qdiscs = qdiscs(ctx, tcb, a.HostVeth, a.IFB)
+			a.Qdiscs = qdiscs(ctx, h.tc, a.HostVeth, a.IFB)
 		}
 		for _, m := range s.Markers {
 			if m.ID == netfilter.IDOf(o) {
@@ -181,8 +202,11 @@ func (s *netState) inventory(ctx context.Context) ([]Attachment, []Orphan) {
 }
 
 func ownerText(o netfilter.Owner) string {
-	if o == (netfilter.Owner{}) {
+	switch {
+	case o == (netfilter.Owner{}):
 		return "owner not named in the rules"
+	case o.Network == "" && o.IfName == "":
+		return "of container " + o.ContainerID
 	}
 	return "of " + o.Key()
 }

@@ -20,13 +20,14 @@ type node struct {
 	confDir  string
 	binDirs  []string
 	cacheDir string
+	h        *host
 }
 
 // nodeFlags registers --conf-dir, --bin-dir and --cache-dir with the runtimes'
 // defaults: NETCONFPATH as cnitool honours it, else /etc/cni/net.d; CNI_PATH, else
 // /opt/cni/bin; libcni's /var/lib/cni.
 func nodeFlags(fs *flag.FlagSet) *node {
-	n := &node{}
+	n := &node{h: realHost()}
 	confDir := os.Getenv("NETCONFPATH")
 	if confDir == "" {
 		confDir = "/etc/cni/net.d"

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 
 	"github.com/containernetworking/cni/libcni"
 
@@ -36,6 +37,29 @@ type netState struct {
 	Ports    []string                    // veths on the bridge
 }
 
+// host is what the commands read the node through: the plugins' own backends, or
+// fakes in tests.
+type host struct {
+	links link.Backend
+	ports func(bridge string) ([]string, error) // the bridge's ports
+	tc    tc.Backend
+	nf    *netfilter.Lister
+	// markers is portmap's state directory.
+	markers portstate.Dir
+	// hostPorts is the kind of host-port backend portmap opens for a configured one
+	// (netfilter.OpenHostPorts); a code-50 error when the node lacks it.
+	hostPorts func(netfilter.Kind) (netfilter.Kind, error)
+}
+
+// realHost reads the node's kernel and portmap's state directory.
+func realHost() *host {
+	return &host{links: link.NewNetlink(), ports: link.BridgePorts, tc: tc.NewNetlink(nil), nf: netfilter.NewLister(),
+		markers: portstate.DefaultDir, hostPorts: func(k netfilter.Kind) (netfilter.Kind, error) {
+			_, k, err := netfilter.OpenHostPorts(k)
+			return k, err
+		}}
+}
+
 // leaseStore opens the network's host-local store, when its bridge (or any entry)
 // delegates to host-local; nil without one.
 func leaseStore(l *libcni.NetworkConfigList) (*disk.Store, error) {
@@ -62,8 +86,9 @@ func readLeases(ctx context.Context, st *disk.Store, f func(ipam.Tx) error) erro
 	return st.Do(ctx, f)
 }
 
-// readState reads everything inspect shows of network n.
-func (nd *node) readState(ctx context.Context, n network) (*netState, error) {
+// readState reads everything inspect shows of network n; objs is every netfilter
+// object of the node (host.nf's List).
+func (nd *node) readState(ctx context.Context, n network, objs []netfilter.Object) (*netState, error) {
 	s := &netState{Name: n.List.Name}
 	var errs []error
 	if br, _ := plugin(n.List, "bridge"); br != nil {
@@ -71,7 +96,7 @@ func (nd *node) readState(ctx context.Context, n network) (*netState, error) {
 		if s.Bridge == "" {
 			s.Bridge = "cni0"
 		}
-		ports, err := link.BridgePorts(s.Bridge)
+		ports, err := nd.h.ports(s.Bridge)
 		s.Ports, errs = ports, append(errs, err)
 	}
 	st, err := leaseStore(n.List)
@@ -83,51 +108,46 @@ func (nd *node) readState(ctx context.Context, n network) (*netState, error) {
 			return err
 		}))
 	}
-	s.Markers, err = portstate.Dir(portstate.DefaultDir).List(s.Name)
+	s.Markers, err = nd.h.markers.List(s.Name)
 	errs = append(errs, err)
-	ifbs, err := tc.NewNetlink(nil).IFBs(ctx)
+	ifbs, err := nd.h.tc.IFBs(ctx)
 	errs = append(errs, err)
 	for _, i := range ifbs {
 		if tc.OfNetwork(i.Alias, s.Name) {
 			s.IFBs = append(s.IFBs, i)
 		}
 	}
-	masq, err := netfilter.ListMasq(ctx)
-	errs = append(errs, err)
-	s.Masq = inNetwork(masq, s.Name)
-	p := netfilter.ProbeHost()
-	for k, ok := range map[netfilter.Kind]bool{netfilter.KindNFTables: p.NFTables, netfilter.KindIPTables: p.IPTables} {
-		if ok {
-			hp, err := netfilter.ListHostPorts(ctx, k)
-			errs = append(errs, err)
-			s.HostPort = append(s.HostPort, inNetwork(hp, s.Name)...)
-		}
-	}
 	s.Cached, err = nd.cached(s.Name)
 	errs = append(errs, err)
-	spoof, err := netfilter.ListMacSpoof()
-	errs = append(errs, err)
-	owners := s.everyOwner()
-	for _, o := range spoof {
-		mine := o.InNetwork(s.Name)
-		for _, ow := range owners {
-			mine = mine || o.Of(ow)
-		}
-		if mine {
-			s.MacSpoof = append(s.MacSpoof, o)
-		}
-	}
+	s.addObjects(objs)
 	return s, errors.Join(errs...)
 }
 
-func inNetwork(objs []netfilter.Object, network string) []netfilter.Object {
-	var out []netfilter.Object
+// addObjects takes the network's objects from objs: those the layout says are its,
+// then, where a layout names no network (macspoofchk, the reference portmap's
+// cni_hostport), those of an attachment the network knows.
+func (s *netState) addObjects(objs []netfilter.Object) {
+	var nameless []netfilter.Object
 	for _, o := range objs {
-		if o.InNetwork(network) {
-			out = append(out, o)
+		switch {
+		case !o.InNetwork(s.Name):
+			nameless = append(nameless, o)
+		case o.What == "masquerade":
+			s.Masq = append(s.Masq, o)
+		case o.What == "hostports":
+			s.HostPort = append(s.HostPort, o)
 		}
 	}
-	return out
+	owners := s.everyOwner()
+	for _, o := range nameless {
+		if slices.ContainsFunc(owners, o.Of) {
+			if o.What == "macspoof" {
+				s.MacSpoof = append(s.MacSpoof, o)
+			} else if o.What == "hostports" {
+				s.HostPort = append(s.HostPort, o)
+			}
+		}
+	}
 }
 
 // cached returns libcni's cached attachments of network (what GCNetworkList DELs

@@ -10,8 +10,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-
-	"github.com/podwire/podwire/pkg/cniplumb"
 )
 
 // The iptables layout of host ports is the reference portmap's, so that each binary's
@@ -312,28 +310,6 @@ func planHostPortIPTables(fam Family, st hpState, ch hpChange) ([]string, error)
 		return nil, nil
 	}
 	return slices.Concat(decl, dels, adds, post), nil
-}
-
-// hpGCChange is the removal GC does in one family, given its CNI-HOSTPORT-DNAT: every
-// tagged owner of network not in keep, and every reference jump of network whose
-// container keep does not list.
-func hpGCChange(top chainListing, network string, keep cniplumb.Owners) hpChange {
-	ch := hpChange{removeIDs: map[OwnerID]bool{}, chains: map[string]bool{}, teardown: true}
-	cids := map[string]bool{}
-	for o := range keep {
-		if o.Network == network {
-			cids[o.ContainerID] = true
-		}
-	}
-	stale := stalePick(tagKey, hash8, network, keep)
-	for _, r := range top.rules {
-		if r.ours && stale(string(r.tag.ID), r.tag.NetworkHash) {
-			ch.removeIDs[r.tag.ID] = true
-		} else if n, cid, ok := refOwner(r.comment); !r.ours && ok && n == network && !cids[cid] && r.target == HostPortChain(n, cid) {
-			ch.chains[r.target] = true
-		}
-	}
-	return ch
 }
 
 // hpCheck compares family fam of p with the listings of CNI-HOSTPORT-DNAT and the

@@ -8,7 +8,6 @@ import (
 	"fmt"
 
 	"github.com/google/nftables"
-	"github.com/google/nftables/userdata"
 
 	"github.com/podwire/podwire/pkg/cniplumb"
 )
@@ -59,34 +58,39 @@ func (b *HostPortNFTables) GC(ctx context.Context, network string, keep cniplumb
 	return b.nft.GC(ctx, HostPortFeature, network, keep)
 }
 
-// The reference portmap's nftables objects.
-const refNFTTable = "cni_hostport"
-
-var refNFTChains = []string{"hostports", "hostip_hostports", "masquerading"}
-
-// removeRefNFT deletes the reference nftables portmap's rules for containerID, one
-// batch per family; absent tables cost one netlink round trip per family.
-func removeRefNFT(c NFTConn, containerID string) error {
+// readRefHP dumps the reference portmap's container chains (objects.go) in both
+// families; an absent table, or no nf_tables at all, reads as empty at the cost of
+// one netlink round trip per family.
+func readRefHP(c NFTConn) (map[nftables.TableFamily][]*nftables.Rule, error) {
+	out := map[nftables.TableFamily][]*nftables.Rule{}
 	var errs []error
 	for _, fam := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6} {
 		t, err := c.ListTableOfFamily(refNFTTable, fam)
 		if err != nil || t == nil {
-			continue // absent (or no nf_tables at all): nothing of the reference's here
+			continue
 		}
-		n := 0
 		for _, name := range refNFTChains {
 			rules, err := c.GetRules(t, &nftables.Chain{Name: name, Table: t})
-			if err != nil {
-				continue
+			if err != nil && !isNoEnt(err) {
+				errs = append(errs, fmt.Errorf("listing chain %s of nftables table %s %s: %w", name, NFTFamily(fam), refNFTTable, err))
 			}
-			for _, r := range rules {
-				if s, ok := userdata.GetString(r.UserData, userdata.TypeComment); ok && s == containerID {
-					if err := c.DelRule(r); err != nil {
-						errs = append(errs, err)
-						continue
-					}
-					n++
-				}
+			out[fam] = append(out[fam], rules...)
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// removeRefNFT deletes the reference nftables portmap's rules for containerID, one
+// batch per family.
+func removeRefNFT(c NFTConn, containerID string) error {
+	ref, err := readRefHP(c)
+	errs := []error{err}
+	for _, rules := range ref {
+		n := 0
+		for _, r := range rules {
+			if ruleComment(r) == containerID {
+				errs = append(errs, c.DelRule(r))
+				n++
 			}
 		}
 		if n > 0 {

@@ -211,7 +211,14 @@ func (b *HostPortIPTables) GC(ctx context.Context, network string, keep cniplumb
 		if err != nil || !st.top.exists {
 			return err
 		}
-		ch := hpGCChange(st.top, network, keep)
+		ch := hpChange{removeIDs: map[OwnerID]bool{}, chains: map[string]bool{}, teardown: true}
+		for _, o := range Stale(hpXTObjects(fam, st.top), network, keep, nil) {
+			if o.layout == byTag {
+				ch.removeIDs[OwnerID(o.Key)] = true
+			} else {
+				ch.chains[o.Key] = true
+			}
+		}
 		if len(ch.removeIDs) == 0 && len(ch.chains) == 0 {
 			return nil
 		}

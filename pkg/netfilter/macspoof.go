@@ -97,10 +97,10 @@ func spoofLayout() *nftLayout {
 	base := &nftables.Chain{Name: spoofBaseChain, Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRef(-300), Policy: &accept}
 	return &nftLayout{
+		id:     bySpoof,
 		table:  t,
 		chains: []*nftables.Chain{base},
 		key:    spoofID,
-		netKey: func(string) string { return "" },
 		ruleKey: func(r *nftables.Rule) (string, string, bool) {
 			id, ok := strings.CutPrefix(ruleComment(r), spoofCommentPfx)
 			return id, "", ok && id != ""
@@ -191,33 +191,5 @@ func (b *MacSpoof) Remove(_ context.Context, o Owner) error {
 // is (bridge passes "absent, or a port of this network's bridge"): another network's
 // attachments on another bridge are left alone.
 func (b *MacSpoof) GC(_ context.Context, keep cniplumb.Owners, ours func(hostIf string) bool) error {
-	l := spoofLayout()
-	var stale map[string]bool
-	err := b.s.locked(l, func(c NFTConn) error {
-		st, err := l.read(c)
-		stale = spoofStale(l, st, keep, ours)
-		return err
-	})
-	if err == nil && len(stale) > 0 {
-		// Another call may have changed the table since: remove goes by key again
-		// under the lock, and an attachment added meanwhile is in no stale set.
-		err = l.remove(b.s, func(id, _ string) bool { return stale[id] })
-	}
-	return err
-}
-
-// spoofStale picks the attachments GC removes from a dump of the reference's layout:
-// those keep does not hold whose host veth ours says is the network's.
-func spoofStale(l *nftLayout, st nftState, keep cniplumb.Owners, ours func(hostIf string) bool) map[string]bool {
-	kept := map[string]bool{}
-	for o := range keep {
-		kept[spoofID(o)] = true
-	}
-	stale := map[string]bool{}
-	for _, r := range st.rules {
-		if id, _, ok := l.ruleKey(r); ok && !kept[id] && r.Chain.Name == spoofBaseChain && ours(spoofHostIf(r)) {
-			stale[id] = true
-		}
-	}
-	return stale
+	return spoofLayout().gc(b.s, "", keep, ours)
 }

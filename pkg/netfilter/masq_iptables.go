@@ -7,8 +7,6 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-
-	"github.com/podwire/podwire/pkg/cniplumb"
 )
 
 // ipMasq in the reference's iptables layout (masquerade.go), pure: what to add, check
@@ -119,46 +117,6 @@ func fromAny(src netip.Prefix, addrs []netip.Prefix) bool {
 	return src.IsValid() && slices.ContainsFunc(addrs, func(a netip.Prefix) bool {
 		return src == hostPrefix(a.Addr()) || src == a.Masked()
 	})
-}
-
-// planMasqXTGC returns the restore lines that remove, from one family, the masquerade
-// (all jumps, then the chain) of every container of network that keep does not hold:
-// the targets of jumps masqCommentOf gives to network that are no kept container's
-// chain. It also returns those chains, in order of first appearance.
-func planMasqXTGC(network string, keep cniplumb.Owners, post []xtRule) (lines []string, stale []string) {
-	kept := map[string]bool{}
-	for o := range keep {
-		if o.Network == network {
-			kept[MasqChain(o)] = true
-		}
-	}
-	seen := map[string]bool{}
-	for _, r := range post {
-		if r.chain != masqPostrouting || !strings.HasPrefix(r.target, "CNI-") || kept[r.target] || seen[r.target] {
-			continue
-		}
-		n, id, ok := parseMasqComment(r.comment)
-		if !ok || !masqCommentOf(network, n, id, r) {
-			continue
-		}
-		seen[r.target] = true
-		stale = append(stale, r.target)
-	}
-	for _, chain := range stale {
-		lines = append(lines, planMasqXTDel(chain, nil, post, true)...)
-	}
-	return lines, stale
-}
-
-// masqCommentOf reports whether a jump commented with network n and container id
-// belongs to network: exactly, or, where masqComment had to cut the comment, by the
-// network name it always keeps at least half the room for.
-func masqCommentOf(network, n, id string, r xtRule) bool {
-	if n == network && MasqChain(Owner{Network: network, ContainerID: id}) == r.target {
-		return true
-	}
-	cut := len(r.comment) == maxXTComment
-	return cut && (n == network || len(n) >= masqCommentRoom/2 && strings.HasPrefix(network, n))
 }
 
 // checkMasqXT compares family fam of p with the listings: an absent chain is

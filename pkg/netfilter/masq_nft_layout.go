@@ -111,11 +111,11 @@ func masqLayout() *nftLayout {
 	post := &nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept}
 	return &nftLayout{
+		id:     byMasqNFT,
 		table:  t,
 		chains: []*nftables.Chain{checks, post},
 		fixed:  map[string][]*nftables.Rule{post.Name: masqNFTPostRules(t, post)},
 		key:    masqInstance,
-		netKey: masqNetHash,
 		// Rules are matched on the hashes at the start of their comment, so a comment
 		// the reference cut at 128 bytes is still exact.
 		ruleKey: func(r *nftables.Rule) (string, string, bool) {
@@ -166,8 +166,7 @@ func (b *MasqNFTables) Remove(_ context.Context, o Owner, _ []netip.Prefix) erro
 
 // GC implements MasqBackend.
 func (b *MasqNFTables) GC(_ context.Context, network string, keep cniplumb.Owners) error {
-	l := masqLayout()
-	return l.remove(b.s, l.stalePick(network, keep))
+	return masqLayout().gc(b.s, network, keep, nil)
 }
 
 // xtablesChainExists reports whether iptables-nft has chain in its nat table of fam

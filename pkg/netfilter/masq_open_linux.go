@@ -101,19 +101,12 @@ func CheckMasq(ctx context.Context, want Kind, p MasqPlan) error {
 // GCMasq is ipMasq's GC: the stale masquerades of network in every backend the node
 // offers.
 func GCMasq(ctx context.Context, network string, keep cniplumb.Owners) error {
-	p := ProbeHost()
-	var errs []error
-	if p.NFTables {
-		if err := (&MasqNFTables{s: hostNFTSocket()}).GC(ctx, network, keep); err != nil {
-			errs = append(errs, fmt.Errorf("nftables: %w", err))
+	return forBackends(ProbeHost(), func(k Kind) error {
+		if k == KindNFTables {
+			return (&MasqNFTables{s: hostNFTSocket()}).GC(ctx, network, keep)
 		}
-	}
-	if p.IPTables {
-		if err := (&MasqIPTables{hostXTLayout("masq")}).GC(ctx, network, keep); err != nil {
-			errs = append(errs, fmt.Errorf("iptables: %w", err))
-		}
-	}
-	return errors.Join(errs...)
+		return (&MasqIPTables{hostXTLayout("masq")}).GC(ctx, network, keep)
+	})
 }
 
 // xtablesMode says which kernel interface an iptables binary drives.

@@ -111,7 +111,11 @@ func (b *MasqIPTables) GC(ctx context.Context, network string, keep cniplumb.Own
 		if err != nil {
 			return err
 		}
-		lines, stale := planMasqXTGC(network, keep, post.rules)
+		var lines, stale []string
+		for _, o := range Stale(masqXTObjects(fam, post.rules), network, keep, nil) {
+			lines = append(lines, planMasqXTDel(o.Key, nil, post.rules, true)...)
+			stale = append(stale, o.Key)
+		}
 		if err := b.restore(ctx, fam, lines); err != nil {
 			return fmt.Errorf("removing stale %s masquerade chains of containers %v: %w", fam, stale, err)
 		}

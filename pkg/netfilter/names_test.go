@@ -164,15 +164,17 @@ func TestTagRoundTrip(t *testing.T) {
 	}
 }
 
-func TestStalePick(t *testing.T) {
+func TestStale(t *testing.T) {
 	r := Rule{Hook: NATPostrouting, Family: IPv4, Action: Action{Kind: Masquerade}}
-	tags := []Tag{tagFor(ownerA, r), tagFor(ownerA, r), tagFor(ownerB, r), tagFor(ownerC, r)}
+	var objs []Object
+	for _, tag := range []Tag{tagFor(ownerA, r), tagFor(ownerB, r), tagFor(ownerC, r)} {
+		objs = append(objs, Object{Key: string(tag.ID), layout: byTag, net: tag.NetworkHash})
+	}
+	// The reference's cni_hostport names no network: never GC's to pick.
+	objs = append(objs, Object{Key: ownerA.ContainerID, layout: byRefHPNFT})
 	stale := func(network string, keep cniplumb.Owners) (out []OwnerID) {
-		pick := stalePick(tagKey, hash8, network, keep)
-		for _, t := range tags {
-			if pick(string(t.ID), t.NetworkHash) && !slices.Contains(out, t.ID) {
-				out = append(out, t.ID)
-			}
+		for _, o := range Stale(objs, network, keep, func(string) bool { return true }) {
+			out = append(out, OwnerID(o.Key))
 		}
 		return out
 	}

@@ -102,13 +102,13 @@ func (s *nftSocket) locked(l *nftLayout, fn func(c NFTConn) error) error {
 
 // nftLayout is where a layout keeps attachments' rules and how it names their owners.
 type nftLayout struct {
+	id     layoutID // how Objects of the layout name owners and networks
 	table  *nftables.Table
 	chains []*nftables.Chain           // created when missing (base chains with their hook)
 	fixed  map[string][]*nftables.Rule // per chain, rules for everyone, put back when missing
 	// key is an owner's identity and ruleKey reads it, with the network's, from a
 	// rule; ok is false for rules of no attachment.
 	key     func(o Owner) string
-	netKey  func(network string) string
 	ruleKey func(r *nftables.Rule) (key, net string, ok bool)
 	// ownerChains, when set, are the regular chains an attachment has to itself (the
 	// reference's macspoofchk), named from its key and listed in jump order: a chain
@@ -182,9 +182,27 @@ func (l *nftLayout) ownerPick(o Owner) func(key, net string) bool {
 	return func(key, _ string) bool { return key == k }
 }
 
-// stalePick selects the rules of network's attachments that keep does not hold.
-func (l *nftLayout) stalePick(network string, keep cniplumb.Owners) func(key, net string) bool {
-	return stalePick(l.key, l.netKey, network, keep)
+// list dumps the layout's chains and groups their rules by attachment (objects.go).
+func (l *nftLayout) list(s *nftSocket, what string) ([]Object, error) {
+	c, done, err := s.conn()
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	st, err := l.read(c)
+	return l.objects(st, what), err
+}
+
+// gc removes, in one batch, the attachments Stale picks from list.
+func (l *nftLayout) gc(s *nftSocket, network string, keep cniplumb.Owners, ours func(hostIf string) bool) error {
+	objs, err := l.list(s, "")
+	stale := keys(Stale(objs, network, keep, ours))
+	if err != nil || len(stale) == 0 {
+		return err
+	}
+	// Another call may have changed the table since: remove goes by key again under
+	// the lock, and an attachment added meanwhile is in no stale set.
+	return l.remove(s, func(k, _ string) bool { return stale[k] })
 }
 
 func (l *nftLayout) fixedMissing(st nftState, chain string) bool {

@@ -29,9 +29,9 @@ func (b *NFTables) Close() error { return b.s.Close() }
 func featureLayout(f Feature) *nftLayout {
 	t := nftTable(f)
 	l := &nftLayout{
-		table:  t,
-		key:    tagKey,
-		netKey: hash8,
+		id:    byTag,
+		table: t,
+		key:   tagKey,
 		ruleKey: func(r *nftables.Rule) (string, string, bool) {
 			tag, ok := decodeTag(r.UserData)
 			return string(tag.ID), tag.NetworkHash, ok
@@ -90,6 +90,5 @@ func (b *NFTables) Remove(_ context.Context, f Feature, o Owner) error {
 // GC removes, in one batch, the rules in f of every attachment of network that keep
 // does not hold.
 func (b *NFTables) GC(_ context.Context, f Feature, network string, keep cniplumb.Owners) error {
-	l := featureLayout(f)
-	return l.remove(b.s, l.stalePick(network, keep))
+	return featureLayout(f).gc(b.s, network, keep, nil)
 }

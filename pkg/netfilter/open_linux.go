@@ -188,5 +188,8 @@ func nftUsable(b *NFTables) bool {
 	return err == nil || isNoEnt(err)
 }
 
+// NewLister reads the node's kernel.
+func NewLister() *Lister { return &Lister{probe: ProbeHost, xt: hostXT(), s: hostNFTSocket()} }
+
 // NewMacSpoof returns macspoofchk's backend on the kernel (the reference's layout).
 func NewMacSpoof() *MacSpoof { return &MacSpoof{s: hostNFTSocket()} }

@@ -89,17 +89,3 @@ func (t Tag) InNetwork(network string) bool { return t.NetworkHash == hash8(netw
 
 // tagKey is an owner's key in the layouts that tag their rules: its ID.
 func tagKey(o Owner) string { return string(IDOf(o)) }
-
-// stalePick selects what GC removes: the rules of network's attachments that keep
-// does not hold, given the owner and network keys of a rule in a layout that names
-// owners with key and networks with netKey.
-func stalePick(key func(Owner) string, netKey func(string) string, network string, keep cniplumb.Owners) func(k, net string) bool {
-	kept := map[string]bool{}
-	for o := range keep {
-		if o.Network == network {
-			kept[key(o)] = true
-		}
-	}
-	nk := netKey(network)
-	return func(k, net string) bool { return net == nk && !kept[k] }
-}
