@@ -4,12 +4,13 @@ package link
 
 import (
 	"context"
-	"os"
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
+
+	"github.com/podwire/podwire/internal/testenv"
 )
 
 // TestNetlinkDelete: deleting the pod end of a veth removes both ends by the time the
@@ -17,9 +18,7 @@ import (
 // removed namespace are success, as a repeated DEL needs; and the runtime can unmount
 // the pod's namespace right after.
 func TestNetlinkDelete(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for network namespaces; run as root (CI does)")
-	}
+	testenv.RequireRoot(t)
 	ctx := context.Background()
 	host, err := testutils.NewNS()
 	if err != nil {
