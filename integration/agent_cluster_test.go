@@ -45,6 +45,8 @@ type clusterNode struct {
 	cni     *libcni.CNIConfig
 	agent   *agentProc
 	before  nodestate.Snapshot
+	// kubeconfig holds the agent's token, bound to a pod on this node (TestAgentCluster).
+	kubeconfig string
 }
 
 func (n *clusterNode) binDir() string   { return filepath.Join(n.root, "opt/cni/bin") }
@@ -114,18 +116,20 @@ func TestAgentCluster(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 
-	// deploy/ as an operator applies it: its namespace and RBAC for real (the agents
-	// authenticate as its ServiceAccount), then the whole manifest, DaemonSet included,
-	// accepted in a server-side dry run.
+	// deploy/ as an operator applies it: its namespace, RBAC and Node policy for real
+	// (each agent authenticates as its ServiceAccount with a token bound to a pod on
+	// its node, as the DaemonSet's pods do), then the whole manifest, DaemonSet
+	// included, accepted in a server-side dry run.
 	applyDeploy(t, api, filepath.Join(repo, "deploy", "00-rbac.yaml"), false)
+	applyDeploy(t, api, filepath.Join(repo, "deploy", "01-node-policy.yaml"), false)
 	applyDeploy(t, api, filepath.Join(repo, "deploy"), true)
 
 	for _, n := range nodes {
 		createNode(ctx, t, admin, n.name, n.lanIP, n.podCIDR)
 	}
-	kubeconfig := api.Kubeconfig(t, agentUser)
 	for _, n := range nodes {
-		n.agent = startAgent(t, n.h.HostNS, n.name+"-agent", agentBin, n.agentArgs(kubeconfig, clusterCIDR)...)
+		n.kubeconfig = api.PodKubeconfig(t, "podwire-system", "podwire-agent", n.name)
+		n.agent = startAgent(t, n.h.HostNS, n.name+"-agent", agentBin, n.agentArgs(n.kubeconfig, clusterCIDR)...)
 	}
 
 	// Each node: binaries as shipped, the conflist for its pod CIDR, ready, host-gw
@@ -258,7 +262,7 @@ func TestAgentCluster(t *testing.T) {
 	for _, n := range nodes {
 		n.agent.stop(t)
 		out, err := exec.Command("nsenter", append([]string{"--net=" + n.h.HostNS.Path(), agentBin, "--uninstall"},
-			n.agentArgs(kubeconfig, clusterCIDR)...)...).CombinedOutput()
+			n.agentArgs(n.kubeconfig, clusterCIDR)...)...).CombinedOutput()
 		if err != nil {
 			t.Fatalf("%s: podwire-agent --uninstall: %v\n%s", n.name, err, out)
 		}

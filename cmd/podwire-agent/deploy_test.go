@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -48,6 +49,10 @@ func TestDeployManifests(t *testing.T) {
 				obj = &rbacv1.ClusterRoleBinding{}
 			case "DaemonSet":
 				obj = &appsv1.DaemonSet{}
+			case "ValidatingAdmissionPolicy":
+				obj = &admissionregistrationv1.ValidatingAdmissionPolicy{}
+			case "ValidatingAdmissionPolicyBinding":
+				obj = &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
 			default:
 				t.Fatalf("%s: unexpected kind %q", f, meta.Kind)
 			}
@@ -59,7 +64,7 @@ func TestDeployManifests(t *testing.T) {
 			}
 		}
 	}
-	for _, k := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet"} {
+	for _, k := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
 		if kinds[k] != 1 {
 			t.Errorf("%d %s objects", kinds[k], k)
 		}

@@ -27,8 +27,6 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
 // User is an identity of the static token file: a token authenticates as Name in Groups.
@@ -132,9 +130,13 @@ func (s *Server) RESTConfig(t testing.TB, u User) *rest.Config {
 	if !ok {
 		t.Fatalf("no token for %s: pass it to kubeapi.Start", u.Name)
 	}
+	return s.restConfig(tok)
+}
+
+func (s *Server) restConfig(token string) *rest.Config {
 	return &rest.Config{
 		Host:            s.URL(),
-		BearerToken:     tok,
+		BearerToken:     token,
 		TLSClientConfig: rest.TLSClientConfig{CAData: s.CA},
 		Dial: func(ctx context.Context, network, address string) (net.Conn, error) {
 			var c net.Conn
@@ -163,20 +165,7 @@ func (s *Server) Client(t testing.TB, u User) *kubernetes.Clientset {
 // path. Its clients must reach Addr from their own namespace.
 func (s *Server) Kubeconfig(t testing.TB, u User) string {
 	t.Helper()
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["test"] = &clientcmdapi.Cluster{Server: s.URL(), CertificateAuthorityData: s.CA}
-	cfg.AuthInfos["user"] = &clientcmdapi.AuthInfo{Token: s.tokens[u.Name]}
-	cfg.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "user"}
-	cfg.CurrentContext = "test"
-	b, err := clientcmd.Write(*cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(f, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return f
+	return s.writeKubeconfig(t, s.tokens[u.Name])
 }
 
 func (s *Server) path(name string) string { return filepath.Join(s.dir, name) }
