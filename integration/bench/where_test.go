@@ -234,31 +234,40 @@ func execSummary(lines []string) string {
 
 // waitItem is one section 2b operation a verb waits for: the median of key, less the
 // median of over when set (an exit over a bare exit).
-type waitItem struct{ label, key, over string }
+type waitItem struct {
+	label, key, over string
+	// overlapped: the verb waits for it while it waits for an earlier item (bridge's
+	// DEL removes its rules while the veth deletion blocks in the kernel), so it is
+	// shown but not added up.
+	overlapped bool
+}
 
 // waits are the section 2b operations plugin's verb waits for, with the backends k.
 func waits(plugin, verb string, k *backendKinds) []waitItem {
-	nftAdd := []waitItem{{"nf_tables add batch", "nft-add", ""}, {"exit after it", "exit-add", "exit-bare"}}
-	nftDel := []waitItem{{"nf_tables delete batch", "nft-del", ""}, {"exit after it (the socket's release waits for the frees)", "exit-del", "exit-bare"}}
+	nftAdd := []waitItem{{label: "nf_tables add batch", key: "nft-add"}, {label: "exit after it", key: "exit-add", over: "exit-bare"}}
+	nftDel := []waitItem{{label: "nf_tables delete batch", key: "nft-del"},
+		{label: "exit after it (the socket's release waits for the frees)", key: "exit-del", over: "exit-bare"}}
 	// An iptables-nft process that deleted rules waits in its exit as 2b's child does.
 	var xtDel []waitItem
 	if k.xtNFT {
-		xtDel = []waitItem{{"≈ iptables-restore's exit after deleting rules (iptables-nft; 2b's exit holding the socket)", "exit-del", "exit-bare"}}
+		xtDel = []waitItem{{label: "≈ iptables-restore's exit after deleting rules (iptables-nft; 2b's exit holding the socket)", key: "exit-del", over: "exit-bare"}}
 	}
 	var out []waitItem
 	switch plugin + " " + verb {
 	case "bridge(ipMasq)+host-local ADD":
-		out = []waitItem{{"veth create", "veth-add", ""}}
+		out = []waitItem{{label: "veth create", key: "veth-add"}}
 		if k.masq == "nftables" {
 			out = append(out, nftAdd...)
 		}
 	case "bridge(ipMasq)+host-local DEL":
-		out = []waitItem{{"veth delete from the pod's side", "veth-poddel", ""}}
-		switch k.masq {
-		case "nftables":
-			out = append(out, nftDel...)
-		case "iptables":
-			out = append(out, xtDel...)
+		out = []waitItem{{label: "veth delete from the pod's side", key: "veth-poddel"}}
+		rules := xtDel
+		if k.masq == "nftables" {
+			rules = nftDel
+		}
+		for _, w := range rules {
+			w.overlapped = true
+			out = append(out, w)
 		}
 	case "portmap ADD":
 		if k.portmap == "nftables" {
@@ -272,9 +281,9 @@ func waits(plugin, verb string, k *backendKinds) []waitItem {
 			out = xtDel
 		}
 	case "bandwidth ADD":
-		out = []waitItem{{"IFB create", "ifb-add", ""}}
+		out = []waitItem{{label: "IFB create", key: "ifb-add"}}
 	case "bandwidth DEL":
-		out = []waitItem{{"IFB delete", "ifb-del", ""}}
+		out = []waitItem{{label: "IFB delete", key: "ifb-del"}}
 	}
 	return out
 }
@@ -310,7 +319,7 @@ func (e *env) fillWhere() {
 			if known {
 				rest = msOf(o.median() - f.median())
 			}
-			var parts []string
+			var parts, meanwhile []string
 			sum := 0.0
 			for _, w := range waits(plugin, verb, k) {
 				s, base := e.kernel[w.key], e.kernel[w.over]
@@ -320,12 +329,16 @@ func (e *env) fillWhere() {
 					continue
 				}
 				v := msOf(s.median())
+				text := fmt.Sprintf("%s %.1f", w.label, v)
 				if w.over != "" {
 					v -= msOf(base.median())
-					parts = append(parts, fmt.Sprintf("%s %+.1f", w.label, v))
-				} else {
-					parts = append(parts, fmt.Sprintf("%s %.1f", w.label, v))
+					text = fmt.Sprintf("%s %+.1f", w.label, v)
 				}
+				if w.overlapped {
+					meanwhile = append(meanwhile, text)
+					continue
+				}
+				parts = append(parts, text)
 				sum += v
 			}
 			kern := "— (none in 2b)"
@@ -334,6 +347,9 @@ func (e *env) fillWhere() {
 				if len(parts) > 1 {
 					kern += fmt.Sprintf(" = %.1f", sum)
 				}
+			}
+			if len(meanwhile) > 0 {
+				kern += "; meanwhile, not added: " + strings.Join(meanwhile, " + ")
 			}
 			procs := "n/a"
 			if l, ok := e.execs[plugin][verb]; ok {
