@@ -65,8 +65,9 @@ func kubeBinaries(t *testing.T, repo string) kubeapi.Binaries {
 // installed. The agent picks the conflist's cniVersion from containerd's CRI version
 // (1.0.0 for 1.6, 1.1.0 for 2.x). Its periodic GC leaves live pods alone and, after a
 // sandbox leaks without CNI DEL, reclaims the pod's lease, veth, IFB, rules and cache
-// entry within one --gc-period (plus --gc-grace), counted in its metrics (the rules as
-// the hostPort chain they were in).
+// entries (the agent's network's and containerd's own cni-loopback's) within one
+// --gc-period (plus --gc-grace), counted in its metrics (the rules as the hostPort chain
+// they were in), keeping the live pod's.
 func TestAgentGCWithContainerd(t *testing.T) {
 	nstest.RequireRoot(t)
 	forEachContainerd(t, testAgentGCWithContainerd)
@@ -151,6 +152,11 @@ func testAgentGCWithContainerd(t *testing.T, rt containerd.Runtime) {
 	before := settledSnapshot(t, h)
 	leakID := runPod(t, d, "leak", conf)
 	waitNoTentative(t, h)
+	// containerd caches each pod's attachments to its own loopback network (cni-loopback,
+	// which is in no conf dir) and to the agent's.
+	for _, id := range []string{liveID, leakID} {
+		requireCacheEntries(t, id, conf.network)
+	}
 	// Two GC runs that begin after both pods are listed and older than the grace: live
 	// pods keep everything.
 	time.Sleep(grace)
@@ -161,7 +167,8 @@ func testAgentGCWithContainerd(t *testing.T, rt containerd.Runtime) {
 		}
 		return nil
 	})
-	if err := wantMetrics(n, map[string]float64{`podwire_agent_gc_reclaimed_total{kind="lease"}`: 0, `podwire_agent_gc_runs_total{result="error"}`: 0}); err != nil {
+	if err := wantMetrics(n, map[string]float64{`podwire_agent_gc_reclaimed_total{kind="lease"}`: 0,
+		`podwire_agent_gc_reclaimed_total{kind="runtime-attachment"}`: 0, `podwire_agent_gc_runs_total{result="error"}`: 0}); err != nil {
 		t.Fatalf("GC with both pods live: %v", err)
 	}
 	for _, id := range []string{liveID, leakID} {
@@ -184,12 +191,32 @@ func testAgentGCWithContainerd(t *testing.T, rt containerd.Runtime) {
 			// the pod's hostPort chain (portmap's iptables layout; the agent's conflist
 			// has no ipMasq)
 			`podwire_agent_gc_reclaimed_total{kind="rule"}`: 1,
+			// its cni-loopback cache entry
+			`podwire_agent_gc_reclaimed_total{kind="runtime-attachment"}`: 1,
 		})
 	})
+	// Both of the leaked sandbox's cache entries are gone in the run that reclaimed the
+	// pod (the runtime's networks run right after the agent's), the live pod's stay.
+	if left := libcniCacheFiles(leakID); len(left) > 0 {
+		t.Fatalf("libcni cache entries of the leaked sandbox %s left after the agent's GC: %v", short(leakID), left)
+	}
+	requireCacheEntries(t, liveID, conf.network)
+	t.Logf("check: the leaked sandbox's cache entries in %s and cni-loopback are gone, the live pod's kept", conf.network)
 	if p, err := d.InspectPod(liveID); err != nil || p.Status.State != "SANDBOX_READY" {
 		t.Fatalf("live pod after the leak's GC: %+v, %v", p, err)
 	}
 	if _, err := os.Stat(filepath.Join(h.DataDir, conf.network)); err != nil {
 		t.Fatalf("live pod's lease dir: %v", err)
+	}
+}
+
+// requireCacheEntries checks that libcni's cache in the runtime's cache dir holds sandbox
+// id's attachments to containerd's cni-loopback (lo) and to network (eth0).
+func requireCacheEntries(t *testing.T, id, network string) {
+	t.Helper()
+	for _, name := range []string{"cni-loopback-" + id + "-lo", network + "-" + id + "-eth0"} {
+		if _, err := os.Stat(filepath.Join(e2eLibcniCache, "results", name)); err != nil {
+			t.Fatalf("libcni cache entry of sandbox %s: %v (entries: %v)", short(id), err, libcniCacheFiles(id))
+		}
 	}
 }

@@ -122,9 +122,10 @@ func testContainerdAgentGC(t *testing.T, rt containerd.Runtime) {
 	t.Logf("check: one GC run (valid %d, stale %d, reclaimed %v) removed everything the leaked pod left; node as before it %s after the run",
 		res.Valid, res.Stale, res.Reclaimed, took.Round(time.Millisecond))
 
-	// containerd's own loopback network (cni-loopback) is no network the agent GCs:
-	// its cache entry of the leaked sandbox stays. Loopback made nothing outside the
-	// pod's netns, so that file is all that is left.
+	// This driver has no Networks: containerd's own loopback network (cni-loopback) is
+	// left to the agent, which GCs the networks containerd reports
+	// (TestAgentGCWithContainerd). Loopback made nothing outside the pod's netns, so
+	// its cache file is all that is left here.
 	if left := libcniCacheFiles(leakID); len(left) > 0 {
 		t.Logf("note: libcni cache entries of the leaked sandbox outside network %s stay: %v", conf.network, left)
 	}

@@ -5,6 +5,8 @@ package integration
 import (
 	"encoding/json"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -81,6 +83,18 @@ func TestLoopbackLifecycle(t *testing.T) {
 	h.DeletePod(pod)
 	h.MustDel(conf, rt)
 	t.Log("DEL with the netns deleted succeeds")
+
+	// What containerd 2.x leaves of a sandbox shut down without DEL: the netns file,
+	// unmounted. DEL succeeds there too (the reference fails), or GC could never drop
+	// the attachment's cache entry.
+	stale := filepath.Join(t.TempDir(), "cni-unmounted")
+	if err := os.WriteFile(stale, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	staleRT := *rt
+	staleRT.NetNS = stale
+	h.MustDel(conf, &staleRT)
+	t.Log("DEL with a netns path that is no longer a netns succeeds")
 
 	if err := h.Status(conf); err != nil {
 		t.Errorf("STATUS: %v", err)

@@ -80,7 +80,7 @@ func parseFlags(args []string) (*options, error) {
 	str(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.IntVar(&o.MTU, "mtu", 0, "bridge MTU in the conflist (0: the plugin's default)")
 	fs.DurationVar(&o.GCPeriod, "gc-period", envDuration("gc-period", 5*time.Minute), "GC at startup and every period (0 disables)")
-	fs.DurationVar(&o.GCGrace, "gc-grace", envDuration("gc-grace", gc.DefaultGrace), "GC keeps attachments whose lease is younger than this, whatever the runtime lists (their ADD may still run)")
+	fs.DurationVar(&o.GCGrace, "gc-grace", envDuration("gc-grace", gc.DefaultGrace), "GC keeps attachments whose lease or libcni cache entry is younger than this, whatever the runtime lists (their ADD may still run)")
 	fs.DurationVar(&o.StatusPeriod, "status-period", envDuration("status-period", 30*time.Second), "STATUS, free addresses and resync period")
 	fs.BoolVar(&o.ReplaceForeign, "replace-foreign", envBool("replace-foreign", false), "replace plugin binaries (and a conflist) the agent did not install; the originals are backed up and restored by --uninstall")
 	fs.BoolVar(&o.Routes, "routes", envBool("routes", true), "host-gw routes to other nodes' pod CIDRs")

@@ -69,6 +69,7 @@ type Config struct {
 type Runtime interface {
 	Version(ctx context.Context) (name, version string, err error)
 	Sandboxes(ctx context.Context) ([]cri.Sandbox, error)
+	Networks(ctx context.Context) ([]cri.Network, error)
 }
 
 var _ Runtime = (*cri.Client)(nil)
@@ -425,69 +426,6 @@ func (a *Agent) report(ctx context.Context, self *corev1.Node, cond kube.Conditi
 	if err := kube.PatchCondition(ctx, a.d.Kube, self, cond, time.Now()); err != nil {
 		a.d.Log.Error("node condition", "err", err)
 	}
-}
-
-// gcLoop runs GC at startup (once the conflist is written) and every GCPeriod.
-func (a *Agent) gcLoop(ctx context.Context) {
-	if a.cfg.GCPeriod <= 0 {
-		return
-	}
-	for a.current() == nil {
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(time.Second):
-		}
-	}
-	t := time.NewTicker(a.cfg.GCPeriod)
-	defer t.Stop()
-	for {
-		a.RunGC(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
-// RunGC is one GC run of the written conflist.
-func (a *Agent) RunGC(ctx context.Context) {
-	list := a.current()
-	if list == nil || a.d.Runtime == nil {
-		a.d.Metrics.GCRuns.WithLabelValues("skipped").Inc()
-		return
-	}
-	dataDir := a.cfg.IPAMDataDir
-	if dataDir == "" {
-		dataDir = defaultDataDir
-	}
-	d := &gc.Driver{CNI: a.d.CNI,
-		Counter: gc.HostCounter{DataDir: dataDir, CNI: a.d.CNI, Links: a.d.Links, Rules: a.d.Rules},
-		Young: func(ctx context.Context, network string) ([]types.GCAttachment, error) {
-			return gc.Young(ctx, dataDir, network, a.cfg.GCGrace, time.Now())
-		},
-		Sandboxes: func(ctx context.Context) ([]string, error) {
-			sbs, err := a.d.Runtime.Sandboxes(ctx)
-			ids := make([]string, 0, len(sbs))
-			for _, s := range sbs {
-				ids = append(ids, s.ID)
-			}
-			return ids, err
-		}}
-	res, err := d.Run(ctx, list)
-	for kind, n := range res.Reclaimed {
-		if n > 0 {
-			a.d.Metrics.GCReclaimed.WithLabelValues(kind).Add(float64(n))
-		}
-	}
-	if err != nil {
-		a.d.Metrics.GCRuns.WithLabelValues("error").Inc()
-		a.d.Log.Error("GC", "err", err, "valid", res.Valid, "stale", res.Stale, "reclaimed", res.Reclaimed)
-		return
-	}
-	a.d.Metrics.GCRuns.WithLabelValues("success").Inc()
-	a.d.Log.Info("GC", "valid", res.Valid, "stale", res.Stale, "reclaimed", res.Reclaimed)
 }
 
 // Healthy reports whether the loop ran recently.

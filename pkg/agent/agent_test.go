@@ -33,16 +33,28 @@ func (r fakeRuntime) Sandboxes(context.Context) ([]cri.Sandbox, error) {
 	return []cri.Sandbox{{ID: "live"}}, nil
 }
 
+// Networks is what containerd reports: its loopback network and the agent's conflist.
+func (r fakeRuntime) Networks(context.Context) ([]cri.Network, error) {
+	return []cri.Network{
+		{Name: "cni-loopback", IfName: "lo", Conflist: []byte(`{"cniVersion":"0.3.1","name":"cni-loopback","plugins":[{"type":"loopback"}]}`)},
+		{Name: "podwire", IfName: "eth0", Conflist: []byte(`{"cniVersion":"1.0.0","name":"podwire","plugins":[{"type":"bridge"}]}`)},
+	}, nil
+}
+
 type fakeCNI struct {
 	mu       sync.Mutex
-	gcValid  []types.GCAttachment
+	gcValid  map[string][]types.GCAttachment // by network
+	gcVer    map[string]string
 	statusOK bool
 }
 
-func (f *fakeCNI) GCNetworkList(_ context.Context, _ *libcni.NetworkConfigList, a *libcni.GCArgs) error {
+func (f *fakeCNI) GCNetworkList(_ context.Context, l *libcni.NetworkConfigList, a *libcni.GCArgs) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.gcValid = a.ValidAttachments
+	if f.gcValid == nil {
+		f.gcValid, f.gcVer = map[string][]types.GCAttachment{}, map[string]string{}
+	}
+	f.gcValid[l.Name], f.gcVer[l.Name] = a.ValidAttachments, l.CNIVersion
 	return nil
 }
 
@@ -134,10 +146,15 @@ func TestAgentOnFakes(t *testing.T) {
 		}
 		return ok && n.Annotations[kube.FreeAddressesAnnotation] == `{"10.244.0.0/24":252,"fd00:244::/64":4611686018427387904}`
 	})
+	// GC of the agent's network at 1.1.0, then of the runtime's loopback network at its
+	// own version, with the same live sandbox; the runtime's copy of the agent's
+	// conflist is not GC'd twice.
 	eventually(t, "GC", func() bool {
 		cni.mu.Lock()
 		defer cni.mu.Unlock()
-		return len(cni.gcValid) == 1 && cni.gcValid[0].ContainerID == "live"
+		own, lo := cni.gcValid["podwire"], cni.gcValid["cni-loopback"]
+		return len(own) == 1 && own[0].ContainerID == "live" && cni.gcVer["podwire"] == "1.1.0" &&
+			len(lo) == 1 && lo[0].ContainerID == "live" && cni.gcVer["cni-loopback"] == "0.3.1" && len(cni.gcValid) == 2
 	})
 	if !a.Ready() || !a.Healthy() {
 		t.Error("not ready/healthy")

@@ -6,6 +6,7 @@ package cri
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -77,6 +78,59 @@ func (c *Client) Sandboxes(ctx context.Context) ([]Sandbox, error) {
 			sb.Name = m.Namespace + "/" + m.Name
 		}
 		out = append(out, sb)
+	}
+	return out, nil
+}
+
+// Network is one CNI network the runtime attaches every pod sandbox to, as the runtime
+// reports it: containerd's own loopback network (cni-loopback, interface lo) and the
+// conflists it loaded from its conf dir (at most max_conf_num, 1 by default).
+type Network struct {
+	Name     string
+	IfName   string
+	Conflist []byte // the conflist's JSON as the runtime loaded it
+}
+
+// Networks returns the CNI networks the runtime attaches pods to, from the "cniconfig"
+// entry of its verbose CRI Status (containerd 1.6 to 2.x: go-cni's config). A runtime
+// that reports none (CRI-O has no such entry) returns nil and no error: the caller
+// then knows only its own network.
+func (c *Client) Networks(ctx context.Context) ([]Network, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	r, err := c.rt.Status(ctx, &runtimeapi.StatusRequest{Verbose: true})
+	if err != nil {
+		return nil, c.wrap("Status", err)
+	}
+	s, ok := r.Info["cniconfig"]
+	if !ok {
+		return nil, nil
+	}
+	return ParseCNIConfig(s)
+}
+
+// ParseCNIConfig reads go-cni's ConfigResult as containerd prints it in its CRI Status
+// info (`crictl info`'s "cniconfig"). go-cni's structs have no JSON tags, so the keys
+// are its Go field names; each network's Source is its conflist as loaded.
+func ParseCNIConfig(s string) ([]Network, error) {
+	var cfg struct {
+		Networks []struct {
+			Config *struct {
+				Name   string
+				Source string
+			}
+			IFName string
+		}
+	}
+	if err := json.Unmarshal([]byte(s), &cfg); err != nil {
+		return nil, fmt.Errorf("reading the runtime's CNI networks (CRI Status info \"cniconfig\"): %w", err)
+	}
+	var out []Network
+	for _, n := range cfg.Networks {
+		if n.Config == nil || n.Config.Name == "" || n.Config.Source == "" {
+			continue
+		}
+		out = append(out, Network{Name: n.Config.Name, IfName: n.IFName, Conflist: []byte(n.Config.Source)})
 	}
 	return out, nil
 }

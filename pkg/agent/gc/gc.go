@@ -56,21 +56,7 @@ func ValidAttachments(network string, sandboxIDs []string, cached []*libcni.Netw
 	for a := range set {
 		out = append(out, a)
 	}
-	slices.SortFunc(out, func(a, b types.GCAttachment) int {
-		if a.ContainerID != b.ContainerID {
-			if a.ContainerID < b.ContainerID {
-				return -1
-			}
-			return 1
-		}
-		switch {
-		case a.IfName < b.IfName:
-			return -1
-		case a.IfName > b.IfName:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, compareAttachments)
 	return out
 }
 
@@ -100,10 +86,11 @@ func Reclaimed(before, after Snapshot) map[string]int {
 
 // Result is one GC run.
 type Result struct {
-	Valid     int            // valid attachments passed
-	Young     int            // of those, kept only for their young lease (see Young)
-	Stale     int            // cached attachments of the network that were not valid
-	Reclaimed map[string]int // by kind; nil when no Counter
+	Valid     int             // valid attachments passed
+	Young     int             // of those, kept only for their young lease (see Young)
+	Stale     int             // cached attachments of the network that were not valid
+	Reclaimed map[string]int  // by kind; nil when no Counter and no Networks
+	Runtime   []NetworkResult // the runtime's other networks (see Driver.Networks)
 }
 
 // Driver runs GC for one network.
@@ -114,6 +101,13 @@ type Driver struct {
 	// Young returns attachments to keep although no live sandbox holds them: those
 	// whose ADD may still be running (see Young). May be nil.
 	Young func(ctx context.Context, network string) ([]types.GCAttachment, error)
+	// Networks returns the runtime's other pod networks, as the runtime loaded their
+	// conflists (containerd's own cni-loopback, which no conf dir holds). After the
+	// agent's network, GC runs for each of them with the same sandboxes, so that what a
+	// leaked sandbox left there (a cache entry, at least) goes too; a network not
+	// listed, such as another runtime's sharing the cache dir, is never touched. May be
+	// nil.
+	Networks func(ctx context.Context) ([]*libcni.NetworkConfigList, error)
 }
 
 // ForGC returns a copy of list at cniVersion 1.1.0 (see the package comment).
@@ -149,25 +143,15 @@ func (d *Driver) Run(ctx context.Context, list *libcni.NetworkConfigList) (Resul
 	if err != nil {
 		return Result{}, fmt.Errorf("reading libcni's result cache: %w", err)
 	}
-	valid := ValidAttachments(list.Name, ids, cached)
-	n := len(valid)
+	var young []types.GCAttachment
 	if d.Young != nil {
-		young, err := d.Young(ctx, list.Name)
-		if err != nil {
+		if young, err = d.Young(ctx, list.Name); err != nil {
 			return Result{}, fmt.Errorf("not running GC, the attachments whose ADD may still run are unknown: %w", err)
 		}
-		for _, a := range young {
-			if !slices.Contains(valid, a) {
-				valid = append(valid, a)
-			}
-		}
 	}
-	res := Result{Valid: len(valid), Young: len(valid) - n}
-	for _, a := range cached {
-		if a.Network == list.Name && !slices.Contains(valid, types.GCAttachment{ContainerID: a.ContainerID, IfName: a.IfName}) {
-			res.Stale++
-		}
-	}
+	p := PlanNetwork(list.Name, ids, cached, young)
+	valid := p.Valid
+	res := Result{Valid: len(valid), Young: len(valid) - len(ValidAttachments(list.Name, ids, cached)), Stale: len(p.Stale)}
 	gcList, err := ForGC(list)
 	if err != nil {
 		return res, err
@@ -185,10 +169,26 @@ func (d *Driver) Run(ctx context.Context, list *libcni.NetworkConfigList) (Resul
 			res.Reclaimed = Reclaimed(before, after)
 		}
 	}
+	var errs []error
 	if gcErr != nil {
-		return res, fmt.Errorf("GC of network %s: %w", list.Name, gcErr)
+		errs = append(errs, fmt.Errorf("GC of network %s: %w", list.Name, gcErr))
 	}
-	return res, nil
+	if d.Networks != nil {
+		// Even when the own network's GC failed: the two are independent, and a
+		// network's leftovers should not wait for another's fix.
+		rs, err := d.runOthers(ctx, list.Name, ids)
+		res.Runtime = rs
+		n := 0
+		for _, r := range rs {
+			n += r.Reclaimed
+		}
+		if res.Reclaimed == nil {
+			res.Reclaimed = map[string]int{}
+		}
+		res.Reclaimed[KindRuntimeAttachment] = n
+		errs = append(errs, err)
+	}
+	return res, errors.Join(errs...)
 }
 
 // Status runs the chain's STATUS at 1.1.0; nil means every plugin is ready.

@@ -40,7 +40,7 @@ func New() *Metrics {
 	m.GCRuns = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "gc_runs_total",
 		Help: "GC runs by result (success, error, skipped)."}, []string{"result"})
 	m.GCReclaimed = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "gc_reclaimed_total",
-		Help: "Objects GC reclaimed, by kind (lease, attachment, veth, ifb, rule: one attachment's netfilter rules in one layout)."}, []string{"kind"})
+		Help: "Objects GC reclaimed, by kind (lease, attachment, veth, ifb, rule: one attachment's netfilter rules in one layout, runtime-attachment: a libcni cache entry in one of the runtime's other networks, such as containerd's cni-loopback)."}, []string{"kind"})
 	m.InstallEvents = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "install_events_total",
 		Help: "Files the installer handled, by result (installed, unchanged, foreign, replaced, error)."}, []string{"result"})
 	m.RouteSync = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "route_sync_total",
@@ -62,7 +62,7 @@ func New() *Metrics {
 		m.RouteSync.WithLabelValues(r)
 		m.MasqueradeSync.WithLabelValues(r)
 	}
-	for _, k := range []string{"lease", "attachment", "veth", "ifb", "rule"} {
+	for _, k := range []string{"lease", "attachment", "veth", "ifb", "rule", "runtime-attachment"} {
 		m.GCReclaimed.WithLabelValues(k)
 	}
 	return m

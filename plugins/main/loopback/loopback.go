@@ -73,7 +73,11 @@ func add(ctx context.Context, in *cniplumb.Input) (types.Result, error) {
 }
 
 // del brings lo down. A namespace that is already gone is success: the spec requires DEL
-// to tolerate repeated calls and missing resources.
+// to tolerate repeated calls and missing resources. So is a path that is no longer a
+// namespace (the reference fails there): containerd 2.x unmounts a sandbox's netns and
+// leaves the file when it shuts a sandbox down without CNI DEL, and the GC that DELs
+// such a leaked attachment (podwire-agent's, libcni's DEL pass) could otherwise never
+// drop its cache entry. bridge treats it as gone too (pkg/link).
 func del(_ context.Context, in *cniplumb.Input) error {
 	if in.Netns == "" {
 		return nil
@@ -89,7 +93,8 @@ func del(_ context.Context, in *cniplumb.Input) error {
 		return nil
 	})
 	var gone ns.NSPathNotExistErr
-	if errors.As(err, &gone) {
+	var notNS ns.NSPathNotNSErr
+	if errors.As(err, &gone) || errors.As(err, &notNS) {
 		return nil
 	}
 	if err != nil {
