@@ -73,7 +73,7 @@ func Config(p ConfigParams) (string, error) {
 		p.RuntimePath = Runc
 	}
 	if p.LogLevel == "" {
-		p.LogLevel = "debug"
+		p.LogLevel = "info"
 	}
 	var b bytes.Buffer
 	if err := configTemplate.Execute(&b, p); err != nil {

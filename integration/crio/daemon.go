@@ -129,7 +129,7 @@ func Start(t testing.TB, o Options) *Daemon {
 	t.Cleanup(d.stop)
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("CRI-O log (last lines of %s):\n%s", d.logPath, d.LogTail(60))
+			t.Logf("CRI-O log (last lines of %s):\n%s", d.logPath, d.LogTail(15))
 		}
 	})
 	d.importImages(o.Repo, o.Images)
