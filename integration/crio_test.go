@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -15,9 +14,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/vishvananda/netlink"
 
-	"github.com/podwire/podwire/integration/containerd"
 	"github.com/podwire/podwire/integration/crio"
 	"github.com/podwire/podwire/integration/nstest"
 )
@@ -357,14 +354,3 @@ func testCRIOPods(t *testing.T, cniVersion string) {
 	t.Logf("check: stopp + rmp ran DEL in reverse order (%s); node state (links, addresses, routes, iptables, nftables, qdiscs, sysctls, leases) and the libcni cache as before the pods",
 		strings.Join(verbs(del, ""), ", "))
 }
-
-// checkHostVethGone requires that no link in the node netns is named name.
-func checkHostVethGone(t *testing.T, h *nstest.H, name string) {
-	t.Helper()
-	if _, err := netlinkInHost(h, func() (netlink.Link, error) { return netlink.LinkByName(name) }); err == nil {
-		t.Errorf("host veth %s still exists", name)
-	}
-}
-
-var _ = containerd.Image{}
-var _ = fmt.Sprintf

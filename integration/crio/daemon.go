@@ -76,6 +76,8 @@ type Daemon struct {
 	// mntNS pins the mount namespace CRI-O runs in (see pinMountNS).
 	mntNS    string
 	stopOnce sync.Once
+	// cgroupsBefore are CRI-O's default cgroup parents that existed before Start.
+	cgroupsBefore map[string]bool
 }
 
 // Start writes the config, pins a private mount namespace, imports the sandbox image
@@ -91,7 +93,8 @@ func Start(t testing.TB, o Options) *Daemon {
 	}
 	d := &Daemon{t: t, Paths: PathsIn(o.Dir), Bin: o.Bin, netNS: o.NetNS,
 		CgroupParent: "/podwire-crio-" + hex.EncodeToString(rnd[:]),
-		logPath:      filepath.Join(o.Dir, "crio.log"), cfgPath: filepath.Join(o.Dir, "crio.conf")}
+		logPath:      filepath.Join(o.Dir, "crio.log"), cfgPath: filepath.Join(o.Dir, "crio.conf"),
+		cgroupsBefore: existingDefaultCgroups()}
 	for _, dir := range []string{d.Root, d.RunRoot, d.NamespacesDir, d.ExitsDir, d.AttachDir, d.LogDir, d.Tmp,
 		d.HooksDir, d.CDIDir, d.KeysDir, filepath.Join(o.Dir, "conf.d"), filepath.Dir(d.VersionFilePers)} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {

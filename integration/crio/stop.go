@@ -65,6 +65,45 @@ func (d *Daemon) doStop() {
 	}
 	d.killMonitors()
 	d.removeCgroups()
+	d.removeDefaultCgroups()
+}
+
+// defaultCgroupParent is where CRI-O with cgroupfs puts pods that name no cgroup
+// parent (critest's do).
+const defaultCgroupParent = "crio"
+
+// existingDefaultCgroups lists the hierarchies that already have CRI-O's default
+// parent, so that stop removes only the ones this daemon made.
+func existingDefaultCgroups() map[string]bool {
+	m := map[string]bool{}
+	found, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", defaultCgroupParent))
+	for _, f := range found {
+		m[f] = true
+	}
+	return m
+}
+
+// removeDefaultCgroups removes CRI-O's default cgroup parent, deepest first, from the
+// hierarchies where it did not exist before Start.
+func (d *Daemon) removeDefaultCgroups() {
+	found, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", defaultCgroupParent))
+	for _, top := range found {
+		if d.cgroupsBefore[top] {
+			continue
+		}
+		var dirs []string
+		_ = filepath.WalkDir(top, func(path string, e os.DirEntry, err error) error {
+			if err == nil && e.IsDir() {
+				dirs = append(dirs, path)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			if err := os.Remove(dirs[i]); err != nil && !os.IsNotExist(err) {
+				d.t.Errorf("cleanup: removing cgroup %s: %v", dirs[i], err)
+			}
+		}
+	}
 }
 
 // killMonitors kills conmon processes working for this CRI-O (their arguments name
