@@ -20,9 +20,9 @@ import (
 	"github.com/podwire/podwire/integration/containerd"
 )
 
-// Packages are the Debian packages a private CRI-O needs at run time: conmon and
-// runc run its pods, skopeo puts images into its storage, iptables gives the node
-// the 127.0.0.1 masquerade CRI-O's hostPorts need; gcc and libc6-dev build pinns.
+// Packages are the Debian packages a private CRI-O needs: conmon and runc run its
+// pods, skopeo puts images into its storage, gcc (and libc6-dev, checked by its
+// headers) build pinns.
 var Packages = map[string]string{
 	"conmon": Conmon, "runc": Runc, "skopeo": "/usr/bin/skopeo", "gcc": "/usr/bin/gcc",
 }
@@ -55,8 +55,6 @@ type Options struct {
 	Bin  Binaries
 	// Images are imported into CRI-O's storage besides the pause image.
 	Images []containerd.Image
-	// ExtraConfig is appended to the config file (e.g. another runtime handler).
-	ExtraConfig string
 }
 
 // Daemon is a running private CRI-O.
@@ -115,7 +113,7 @@ func Start(t testing.TB, o Options) *Daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for path, content := range map[string]string{d.crictlConf: crictlConf, d.cfgPath: cfg + o.ExtraConfig,
+	for path, content := range map[string]string{d.crictlConf: crictlConf, d.cfgPath: cfg,
 		d.SignaturePolicy: SignaturePolicy, filepath.Join(o.Dir, "mounts.conf"): ""} {
 		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
 			t.Fatal(err)
@@ -184,12 +182,11 @@ func (d *Daemon) pinMountNS() string {
 func (d *Daemon) unpinMountNS(dir, file string) {
 	for _, target := range []string{file, dir} {
 		// Each umount only if mounted: a failed pin may have got half way.
-		if out, err := exec.Command("mountpoint", "-q", target).CombinedOutput(); err == nil {
-			if out, err = exec.Command("umount", target).CombinedOutput(); err != nil {
-				d.t.Errorf("cleanup: umount %s: %v %s", target, err, out)
-			}
-		} else {
-			_ = out
+		if exec.Command("mountpoint", "-q", target).Run() != nil {
+			continue
+		}
+		if out, err := exec.Command("umount", target).CombinedOutput(); err != nil {
+			d.t.Errorf("cleanup: umount %s: %v %s", target, err, out)
 		}
 	}
 }
