@@ -198,6 +198,7 @@ func (d *doctor) markChains(nets []network) {
 // and what its CNI layer does (pkg/runtimes).
 func (d *doctor) runtimes(ctx context.Context) {
 	found, errs := d.rt.detect(ctx)
+	defer d.crio(found)
 	for _, err := range errs {
 		d.add("runtime", "warning", "%v", err)
 	}

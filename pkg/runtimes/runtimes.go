@@ -27,8 +27,9 @@
 //     no GC.
 //   - 1.31 and later vendor ocicni v0.4.3+ (STATUS: cri-o/ocicni#196, GC: cri-o/ocicni#197)
 //     with libcni v1.2: highest 1.1.0, STATUS on the CRI Status call (cri-o/cri-o#8018),
-//     GC once at startup for pods it could not restore (cri-o/cri-o#8245). The CRI-O
-//     1.31+ go.mod is not on the module proxy; these rows follow the linked threads.
+//     GC once at startup for pods it could not restore (cri-o/cri-o#8245). v1.34.0 is on
+//     the module proxy (ocicni v0.4.3, libcni v1.3.0) and integration/crio runs it: STATUS
+//     is polled until it passes once, GC runs at startup (TestCRIOStatus, TestCRIOStartupGC).
 //
 // Anything else (or a version that does not parse) gets the conservative answer: 1.0.0,
 // no STATUS, no GC, so the agent drives GC and a conflist never needs a newer libcni.
