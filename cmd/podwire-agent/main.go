@@ -111,7 +111,6 @@ func parseFlags(args []string) (*options, error) {
 }
 
 func main() {
-	netfilter.RunReleaseChild()
 	o, err := parseFlags(os.Args[1:])
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "podwire-agent:", err)

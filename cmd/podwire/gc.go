@@ -101,7 +101,6 @@ func runGC(args []string, out io.Writer) error {
 			plan.Removals = append(plan.Removals, p.Removals...)
 			plan.Notes = append(plan.Notes, p.Notes...)
 		}
-		netfilter.ReleaseOffExit()
 		if *asJSON {
 			enc := json.NewEncoder(out)
 			enc.SetIndent("", "  ")

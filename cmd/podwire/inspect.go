@@ -82,7 +82,6 @@ func runInspect(args []string, out io.Writer) error {
 		inv.Attachments = append(inv.Attachments, a...)
 		inv.Orphans = append(inv.Orphans, o...)
 	}
-	netfilter.ReleaseOffExit()
 	if *asJSON {
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")

@@ -37,7 +37,7 @@ type env struct {
 	rsswrap string
 	cache   map[string]string // set name -> libcni cache dir
 	rep     *report
-	targets *table             // issue 14's targets, first in BENCHMARKS.md (fillTargets)
+	targets *table             // issue 25's targets, first in BENCHMARKS.md (fillTargets)
 	where   *table             // where the time above the floor goes, second (fillWhere)
 	base    map[string]*runner // set name -> its runner in its own host netns
 	// targetRes are the targets' results by id, as the sections found them.
@@ -100,10 +100,10 @@ func TestBench(t *testing.T) {
 		h := nstest.New(t)
 		e.base[s.Name] = &runner{label: s.Name, set: s, h: h, pod: h.NewPod()}
 	}
-	e.targets = e.rep.section("Issue 14 targets on this run", "target", "wanted", "podwire", "reference", "met")
+	e.targets = e.rep.section("Issue 25 targets on this run", "target", "wanted", "podwire", "reference", "met")
 	e.targets.intro = "Computed from the sections below (medians). Reported, not asserted: a miss is a finding for the plugin's owner. " +
 		"n/a: the section did not run, or lacked that column (bench-quick runs no iptables column in section 3). " +
-		"The shaping targets are issue 8's, still valid."
+		"The targets are issue 25's, restated from issue 14's; the shaping targets are issue 8's, still valid."
 	e.where = e.rep.section("Where the time above the floor goes", whereHeader...)
 	e.where.intro = whereIntro
 	for _, sec := range sections {

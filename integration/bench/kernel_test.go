@@ -25,11 +25,8 @@ import (
 	"github.com/podwire/podwire/pkg/netfilter"
 )
 
-// The bench binary is also link.DeleteOffExit's and netfilter.ReleaseOffExit's child,
-// and section 2b's exiting process (nftExitChild).
+// The bench binary is also section 2b's exiting process (nftExitChild).
 func TestMain(m *testing.M) {
-	link.RunDeleteChild()
-	netfilter.RunReleaseChild()
 	runNFTExitChild()
 	os.Exit(m.Run())
 }
@@ -40,17 +37,16 @@ func TestMain(m *testing.M) {
 // chain and rule added and deleted; and, in a child process (this binary run again),
 // what exiting costs a process whose nf_tables socket deleted something: the kernel
 // frees deleted objects after an RCU grace period, and the release of that socket in
-// the exit can wait for it (netfilter.ReleaseOffExit hands the sockets to a child).
+// the exit waits for it (podwire's DEL pays that wait in its own exit).
 func benchKernel(e *env, t *testing.T) {
 	tbl := e.rep.section("2b. Kernel operations alone", "operation", "ms (median / p95)")
 	tbl.intro = "What the kernel charges for the objects a chain makes and removes, timed in the bench process itself " +
 		"(netlink calls on a thread in a fresh host netns; no plugin, no process start) unless the row says otherwise. " +
 		"A plugin row can be no lower than the floor plus the kernel operations its verb waits for. A link deletion returns " +
 		"only after the kernel's wait to free the link, which comes after the link has left its namespace; podwire's bridge " +
-		"and bandwidth leave that wait to a re-executed child (link.DeleteOffExit, timed here with this test binary as the " +
-		"child). A process whose nf_tables socket deleted rules can wait in its exit, where the kernel releases the socket, " +
-		"for the deleted objects to be freed; podwire's DEL hands such sockets to a re-executed child that exits at once " +
-		"(netfilter.ReleaseOffExit). The exit rows time a child process (this test binary) from its last write, right after " +
+		"and bandwidth pay that wait in their own process, as the reference does (nothing a plugin starts may outlive it). " +
+		"A process whose nf_tables socket deleted rules waits in its exit, where the kernel releases the socket, " +
+		"for the deleted objects to be freed; podwire's DEL pays that too, once per process. The exit rows time a child process (this test binary) from its last write, right after " +
 		"the change, to its reaping, through podwire's nftables masquerade backend (one rule in the reference's table)."
 	iters := 15
 	if e.quick {
@@ -59,6 +55,7 @@ func benchKernel(e *env, t *testing.T) {
 	h := nstest.New(t)
 	pod := h.NewPod()
 	k := map[string]sample{}
+	links := link.NewNetlink()
 	err := h.InHost(func() error {
 		for i := 0; i < iters; i++ {
 			la := netlink.NewLinkAttrs()
@@ -106,24 +103,16 @@ func benchKernel(e *env, t *testing.T) {
 			}
 			k["group-del"] = append(k["group-del"], time.Since(t0))
 
-			// The same pair once more, deleted from the pod's side as bridge does, and
-			// an IFB as bandwidth does.
+			// The same pair once more, deleted from the pod's side as bridge's DEL
+			// does (entering the pod netns by its path).
 			if err := netlink.LinkAdd(veth); err != nil {
 				return fmt.Errorf("adding a veth: %w", err)
 			}
 			t0 = time.Now()
-			if err := link.DeleteOffExit(pod.Path(), "eth0"); err != nil {
-				return fmt.Errorf("deleting a veth off exit: %w", err)
+			if err := links.Delete(context.Background(), link.Ref{Netns: pod.Path(), Name: "eth0"}); err != nil {
+				return fmt.Errorf("deleting a veth from the pod's side: %w", err)
 			}
-			k["veth-offexit"] = append(k["veth-offexit"], time.Since(t0))
-			if err := netlink.LinkAdd(ifb); err != nil {
-				return fmt.Errorf("adding an IFB: %w", err)
-			}
-			t0 = time.Now()
-			if err := link.DeleteOffExit("", ifb.Name); err != nil {
-				return fmt.Errorf("deleting an IFB off exit: %w", err)
-			}
-			k["ifb-offexit"] = append(k["ifb-offexit"], time.Since(t0))
+			k["veth-poddel"] = append(k["veth-poddel"], time.Since(t0))
 
 			a, d, c, err := nftRuleDelete()
 			if err != nil {
@@ -140,7 +129,7 @@ func benchKernel(e *env, t *testing.T) {
 				k[mode] = append(k[mode], d)
 			}
 
-			// Right after the handoff child, then once the kernel is done freeing:
+			// Right after the exit-del child, then once the kernel is done freeing:
 			// `iptables --version` opens an nf_tables socket too (iptables-nft's init).
 			for _, key := range []string{"proc-after", "proc"} {
 				if key == "proc" {
@@ -174,17 +163,15 @@ var kernelOps = []struct{ key, label string }{
 	{"ifb-add", "create an IFB"},
 	{"ifb-del", "delete an IFB"},
 	{"group-del", "delete a veth pair and an IFB in one request (link group)"},
-	{"veth-offexit", "delete a veth pair through a re-executed child, until its RTM_DELLINK (link.DeleteOffExit)"},
-	{"ifb-offexit", "delete an IFB through a re-executed child, until its RTM_DELLINK (link.DeleteOffExit)"},
+	{"veth-poddel", "delete a veth pair from the pod's netns by its path, as bridge's DEL does (link.Netlink.Delete)"},
 	{"nft-add", "nftables: add a table, chain and rule (one batch)"},
 	{"nft-del", "nftables: delete that rule, chain and table (one batch)"},
 	{"nft-close", "nftables: then close that netlink socket, in this process (the close can wait for the kernel to free the deleted objects)"},
 	{"exit-bare", "a child process exits having changed nothing (the baseline of the exit rows)"},
 	{"exit-add", "a child process exits right after adding a masquerade rule (its nf_tables socket is released in the exit)"},
 	{"exit-del", "a child process exits right after deleting that rule and table, holding the socket (released in the exit)"},
-	{"exit-handoff", "the same deletion, then the sockets handed to a re-executed child that exits at once (netfilter.ReleaseOffExit, as podwire's DEL does)"},
 	{"proc", "start `iptables --version` and wait for it (one process of the iptables tools, as go-iptables' probe)"},
-	{"proc-after", "the same, started right after the handoff row's child (on iptables-nft it opens an nf_tables socket, whose release can wait for the handed-off deletion's frees)"},
+	{"proc-after", "the same, started right after the exit-del row's child (on iptables-nft it opens an nf_tables socket, whose release can wait for frees still pending)"},
 }
 
 // nftExitEnv makes the bench binary a section 2b exit child (runNFTExitChild); its
@@ -193,7 +180,7 @@ const nftExitEnv = "PODWIRE_BENCH_NFT_EXIT"
 
 // nftExitModes are the exit children, each a key of section 2b's samples. They run in
 // this order, so exit-add leaves its rule for exit-del to replace and delete.
-var nftExitModes = []string{"exit-bare", "exit-add", "exit-del", "exit-handoff"}
+var nftExitModes = []string{"exit-bare", "exit-add", "exit-del"}
 
 // nftExit runs one exit child in the calling thread's network namespace and returns
 // the time from its one-byte write on stdout, right after its change, to its reaping.
@@ -221,8 +208,8 @@ func nftExit(mode string) (time.Duration, error) {
 }
 
 // runNFTExitChild is the exit child, when this process is one: it makes its change
-// through podwire's nftables masquerade backend, writes one byte and exits (after
-// netfilter.ReleaseOffExit for exit-handoff). Otherwise it returns at once.
+// through podwire's nftables masquerade backend, writes one byte and exits. Otherwise
+// it returns at once.
 func runNFTExitChild() {
 	mode, ok := os.LookupEnv(nftExitEnv)
 	if !ok {
@@ -249,7 +236,7 @@ func nftExitChild(mode string) error {
 		if err := b.Apply(ctx, p); err != nil {
 			return err
 		}
-	case "exit-del", "exit-handoff":
+	case "exit-del":
 		if err := b.Apply(ctx, p); err != nil {
 			return err
 		}
@@ -262,9 +249,6 @@ func nftExitChild(mode string) error {
 	}
 	if _, err := os.Stdout.Write([]byte{'x'}); err != nil {
 		return err
-	}
-	if mode == "exit-handoff" {
-		netfilter.ReleaseOffExit()
 	}
 	return nil
 }

@@ -23,7 +23,7 @@ import (
 // for and the processes it starts (counted in an untimed pass of section 2).
 
 var whereHeader = []string{"plugin (section 2)", "verb", "podwire − floor ms", "kernel operations it waits for (section 2b medians, ms)",
-	"processes it starts (untimed pass)", "rest ms"}
+	"processes it starts (untimed pass)", "rest ms", "the rest, where over 3 ms: what it is, and can it go"}
 
 const whereIntro = "From the sections below, podwire with its default backends (as section 2 runs it). \"podwire − floor\" is " +
 	"section 2's median difference, the time the plugin adds to the runtime's own process start. Next to it, the section " +
@@ -31,10 +31,9 @@ const whereIntro = "From the sections below, podwire with its default backends (
 	"from PATH, logged by wrappers in one untimed ADD/DEL after the timing. \"rest\" is what remains: podwire − floor − " +
 	"those operations − the processes at 2b's one-process cost (`iptables --version`: a restore that changes rules " +
 	"costs more, so the rest is an upper bound of the plugin's own work, and noise can make it negative). " +
-	"The re-executed children (this plugin's own binary, not in PATH) are not in the process column: bridge's and " +
-	"bandwidth's DEL start one for the link deletion and wait for it until the kernel's RTM_DELLINK (in its 2b row), and " +
-	"a DEL whose nf_tables sockets deleted rules starts one more, not waited for, to release them (its start is in the " +
-	"2b handoff row)."
+	"Every wait is the plugin's own: bridge's and bandwidth's DEL wait for the link deletion to return (the kernel's " +
+	"wait to free the link included), and a DEL whose nf_tables socket deleted rules waits in its exit for the kernel " +
+	"to free them; no plugin starts a process of its own binary."
 
 // whereRows are the plugins of the table, by their key in env.alone.
 var whereRows = []string{"loopback", "host-local", "bridge(ipMasq)+host-local", "portmap", "bandwidth"}
@@ -240,7 +239,7 @@ type waitItem struct{ label, key, over string }
 // waits are the section 2b operations plugin's verb waits for, with the backends k.
 func waits(plugin, verb string, k *backendKinds) []waitItem {
 	nftAdd := []waitItem{{"nf_tables add batch", "nft-add", ""}, {"exit after it", "exit-add", "exit-bare"}}
-	nftDel := []waitItem{{"nf_tables delete batch", "nft-del", ""}, {"exit handing the sockets to a child (ReleaseOffExit)", "exit-handoff", "exit-bare"}}
+	nftDel := []waitItem{{"nf_tables delete batch", "nft-del", ""}, {"exit after it (the socket's release waits for the frees)", "exit-del", "exit-bare"}}
 	// An iptables-nft process that deleted rules waits in its exit as 2b's child does.
 	var xtDel []waitItem
 	if k.xtNFT {
@@ -254,7 +253,7 @@ func waits(plugin, verb string, k *backendKinds) []waitItem {
 			out = append(out, nftAdd...)
 		}
 	case "bridge(ipMasq)+host-local DEL":
-		out = []waitItem{{"veth delete through the re-executed child until RTM_DELLINK", "veth-offexit", ""}}
+		out = []waitItem{{"veth delete from the pod's side", "veth-poddel", ""}}
 		switch k.masq {
 		case "nftables":
 			out = append(out, nftDel...)
@@ -275,7 +274,7 @@ func waits(plugin, verb string, k *backendKinds) []waitItem {
 	case "bandwidth ADD":
 		out = []waitItem{{"IFB create", "ifb-add", ""}}
 	case "bandwidth DEL":
-		out = []waitItem{{"IFB delete through the re-executed child until RTM_DELLINK", "ifb-offexit", ""}}
+		out = []waitItem{{"IFB delete", "ifb-del", ""}}
 	}
 	return out
 }
@@ -291,9 +290,6 @@ func (e *env) fillWhere() {
 		xt = "iptables-nft"
 	}
 	e.where.note("podwire's default backends on this machine: %s (from the tables an untimed ADD made); the iptables tools are %s", k, xt)
-	e.where.note("section 2 runs each plugin alone. In a chain (sections 1, 3, 4), a DEL that handed its sockets off " +
-		"leaves the kernel's frees pending for about a grace period (2b's exit rows), and the next process to release an nf_tables socket in that time " +
-		"(the next plugin's DEL, or any iptables-nft run) can wait for them: 2b's last row")
 	msOf := func(d time.Duration) float64 { return float64(d) / 1e6 }
 	proc := e.kernel["proc"]
 	for _, plugin := range whereRows {
@@ -354,11 +350,41 @@ func (e *env) fillWhere() {
 			} else {
 				known = false
 			}
-			r := "n/a"
+			r, why := "n/a", "—"
 			if known {
 				r = fmt.Sprintf("%+.1f", rest-sum)
+				if rest-sum > 3 {
+					why = restWhy(plugin, verb, k)
+				}
 			}
-			e.where.row(plugin, verb, d, kern, procs, r)
+			e.where.row(plugin, verb, d, kern, procs, r, why)
 		}
 	}
+}
+
+// restWhy says what a plugin's own work above 3 ms is, from what the verb does beyond
+// 2b's kernel operations and the processes' bare starts (the plugin's code path, read
+// against its README), and whether it can go.
+func restWhy(plugin, verb string, k *backendKinds) string {
+	switch plugin + " " + verb {
+	case "bridge(ipMasq)+host-local ADD":
+		return "the netlink requests 2b does not time (bridge lookup, port flags, addresses, routes, sysctls, " +
+			"the pod's lo and eth0 up) and host-local's lease (a lock, a write and an fsync of the lease file " +
+			"and its directory): each is needed; only the fsyncs could go, at the cost of crash safety"
+	case "bridge(ipMasq)+host-local DEL":
+		return "host-local's lease removal (lock, unlink, fsync of the directory) and the lookups that find " +
+			"both layouts' rules and the host veth: needed for a DEL that cleans up after either implementation"
+	case "portmap ADD", "portmap DEL":
+		if k.portmap == "iptables" {
+			return "iptables-restore costs more than 2b's one-process start (`iptables --version`): it parses, " +
+				"commits an nf_tables transaction (iptables-nft) and, after deleting rules, waits in its exit " +
+				"for the kernel to free them; it is the tool the reference uses too, and only the binary could avoid it"
+		}
+		return "the marker file (written and fsynced before the rules, so a crash leaves something DEL " +
+			"finds) and the conntrack flush for UDP mappings: both are needed"
+	case "bandwidth ADD", "bandwidth DEL":
+		return "the qdisc and filter requests 2b does not time (TBF on the host veth, the ingress hook, " +
+			"the redirect, TBF on the IFB): each is needed"
+	}
+	return "not profiled"
 }

@@ -484,10 +484,13 @@ func ensureAddr(l netlink.Link, gw netip.Prefix, force bool) error {
 	return nil
 }
 
-// Delete implements Backend. It returns once the link has left its namespace; a
-// re-executed child waits out the kernel's freeing of it (DeleteOffExit).
+// Delete implements Backend. It returns when the kernel's RTM_DELLINK answer comes,
+// which is after the kernel has waited for the link's memory to be freeable (an RCU
+// barrier: most of a veth deletion's cost, ~5-15 ms on a small VM). That wait is paid
+// here, in the plugin's own process: a runtime counts on nothing the plugin started
+// outliving it. A missing link, or a missing namespace, is success (DEL may repeat).
 func (b *Netlink) Delete(_ context.Context, r Ref) error {
-	err := in(r.Netns, func() error { return DeleteOffExit("", r.Name) })
+	err := in(r.Netns, func() error { return deleteLink(r.Name) })
 	if IsNotFound(err) {
 		return nil
 	}
@@ -495,7 +498,7 @@ func (b *Netlink) Delete(_ context.Context, r Ref) error {
 }
 
 // deleteLink deletes the named link of the calling thread's namespace, synchronously;
-// a missing link is success (the undo of a half-made veth).
+// a missing link is success (DEL, and the undo of a half-made veth).
 func deleteLink(name string) error {
 	l, err := netlinksafe.LinkByName(name)
 	if isKernelNotFound(err) {

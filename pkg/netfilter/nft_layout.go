@@ -41,22 +41,21 @@ type NFTConn interface {
 
 // nftSocket holds one nf_tables connection across calls, in the network namespace of
 // its first call, and the lock that serializes podwire's read-modify-write cycles
-// per table. Keeping it open matters for speed: releasing an nf_tables socket waits
-// for the RCU grace period after which the kernel frees deleted rules; a plugin that
-// works on and closes it at exit lets the grace period pass meanwhile.
+// per table. Releasing an nf_tables socket that deleted rules waits for the RCU grace
+// period after which the kernel frees them (~10 ms on a small VM); one socket for the
+// whole process pays that once, at exit (in the plugin's own process: nothing it
+// started outlives it), instead of once per batch.
 type nftSocket struct {
 	mu    sync.Mutex
 	c     NFTConn
 	dial  func() (NFTConn, error)
 	close func() error
 	lock  func(name string) (func(), error)
-	// deleted is told when a batch deleted something (ReleaseOffExit cares).
-	deleted func()
 }
 
 // nftSocketOn is a socket on c (a fake kernel in tests), without lock files.
 func nftSocketOn(c NFTConn) *nftSocket {
-	return &nftSocket{dial: func() (NFTConn, error) { return c, nil }, lock: noLock, deleted: func() {}}
+	return &nftSocket{dial: func() (NFTConn, error) { return c, nil }, lock: noLock}
 }
 
 // noLock is the lock of backends on a fake kernel, which serializes calls itself.
@@ -255,9 +254,6 @@ func (l *nftLayout) apply(s *nftSocket, o Owner, add []*nftables.Rule) error {
 		if err := c.Flush(); err != nil {
 			return fmt.Errorf("installing the rules of %s in %s: %w", o, l.what(), err)
 		}
-		if len(old) > 0 {
-			s.deleted()
-		}
 		return nil
 	})
 }
@@ -309,7 +305,6 @@ func (l *nftLayout) remove(s *nftSocket, pick func(key, net string) bool, also .
 		if err := c.Flush(); err != nil {
 			return fmt.Errorf("removing rules from %s: %w", l.what(), err)
 		}
-		s.deleted()
 		return nil
 	})
 }

@@ -10,8 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/google/nftables"
@@ -90,7 +88,6 @@ func dialNFT() (*nftables.Conn, error) {
 		}
 		var serr error
 		if err := raw.Control(func(fd uintptr) {
-			keepForRelease(int(fd))
 			// The FORCE variants need CAP_NET_ADMIN (which a plugin has) and pass
 			// net.core.[rw]mem_max.
 			serr = errors.Join(unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, nftBuf),
@@ -105,76 +102,10 @@ func dialNFT() (*nftables.Conn, error) {
 	}))
 }
 
-// Releasing an nf_tables socket that deleted rules waits for the kernel to free them
-// (an RCU grace period: ~12 ms on a 2-core VM where grace periods are not expedited),
-// and a plugin's last socket is released when it exits, so DEL would pay that wait.
-// ReleaseOffExit lets a child pay it instead: this executable run again (os/exec, as
-// pkg/link does for link deletions) holding copies of the sockets, which exits at
-// once; the kernel then releases the sockets in the child's exit, not the plugin's.
-
-// releaseEnv makes a podwire binary exit at once, releasing the descriptors it was
-// given (RunReleaseChild).
-const releaseEnv = "PODWIRE_NFT_RELEASE"
-
-var released struct {
-	sync.Mutex
-	fds     []int       // a copy of every nf_tables socket this process dialed
-	deleted atomic.Bool // some batch deleted rules, chains or tables
-}
-
-// keepForRelease keeps a copy of a new socket's descriptor for ReleaseOffExit.
-func keepForRelease(fd int) {
-	if dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0); err == nil {
-		released.Lock()
-		released.fds = append(released.fds, dup)
-		released.Unlock()
-	}
-}
-
-// RunReleaseChild exits at once when this process was started by ReleaseOffExit (the
-// kernel releases the inherited sockets in the exit); otherwise it returns. Plugins
-// that call ReleaseOffExit call it first thing in main.
-func RunReleaseChild() {
-	if _, ok := os.LookupEnv(releaseEnv); ok {
-		os.Exit(0)
-	}
-}
-
-// ReleaseOffExit hands this process's nf_tables sockets to a child when they deleted
-// something, so that exiting does not wait for the kernel to free it; DEL and GC call
-// it last. The rules are gone already: only the memory's freeing is left. Nobody
-// waits for the child to finish: a goroutine reaps it if it exits before the plugin,
-// otherwise it is orphaned to init (or to the runtime, if the runtime made itself a
-// child subreaper), which reaps it. It gets no stdio, so a runtime reading the
-// plugin's output never waits for it. Without a child (none could start) the plugin
-// pays the wait itself, as any process would.
-func ReleaseOffExit() {
-	released.Lock()
-	defer released.Unlock()
-	if !released.deleted.Load() || len(released.fds) == 0 {
-		return
-	}
-	var files []*os.File
-	for _, fd := range released.fds {
-		files = append(files, os.NewFile(uintptr(fd), "nf_tables"))
-	}
-	released.fds = nil
-	cmd := exec.Command("/proc/self/exe")
-	cmd.Env = []string{releaseEnv + "=1"}
-	cmd.ExtraFiles = files
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if cmd.Start() == nil {
-		go func() { _ = cmd.Wait() }()
-	}
-	for _, f := range files {
-		f.Close() // the child has its own copies
-	}
-}
-
 // hostNFTSocket is a lasting nf_tables socket in the network namespace of its first
 // use, with podwire's lock files.
 func hostNFTSocket() *nftSocket {
-	s := &nftSocket{lock: lockNamed, deleted: func() { released.deleted.Store(true) }}
+	s := &nftSocket{lock: lockNamed}
 	s.dial = func() (NFTConn, error) {
 		c, err := dialNFT()
 		if err != nil {

@@ -20,16 +20,6 @@ import (
 // given (the calling thread's for a zero handle).
 type Netlink struct {
 	h *netlink.Handle
-	// deleteLink, when set, deletes an IFB of the handle's namespace by name.
-	deleteLink func(name string) error
-}
-
-// WithLinkDelete makes n delete IFBs with del (by name, in n's namespace; a missing
-// link must be success) instead of on its own handle, and returns n. bandwidth passes
-// link.DeleteOffExit, which returns before the kernel's wait for the deleted IFB.
-func (n *Netlink) WithLinkDelete(del func(name string) error) *Netlink {
-	n.deleteLink = del
-	return n
 }
 
 var _ Backend = (*Netlink)(nil)
@@ -334,13 +324,11 @@ func (n *Netlink) removeEgress(dev netlink.Link, names []string, byPrio bool) (f
 		found, rerrs = n.removeRedirects(dev, targets, byPrio)
 		errs = append(errs, rerrs...)
 	}
-	// The redirects go first: a packet redirected into a deleted IFB is dropped.
+	// The redirects go first: a packet redirected into a deleted IFB is dropped. The
+	// deletion returns after the kernel's wait for the IFB's memory to be freeable (an
+	// RCU barrier, most of its cost), paid here: nothing outlives the plugin.
 	for _, l := range ifbs {
-		del := n.h.LinkDel
-		if n.deleteLink != nil {
-			del = func(l netlink.Link) error { return n.deleteLink(l.Attrs().Name) }
-		}
-		if err := del(l); err != nil && !isNotFound(err) {
+		if err := n.h.LinkDel(l); err != nil && !isNotFound(err) {
 			errs = append(errs, fmt.Errorf("deleting IFB %s: %w", l.Attrs().Name, err))
 		}
 	}

@@ -14,7 +14,6 @@ import (
 
 	"github.com/podwire/podwire/pkg/cniplumb"
 	"github.com/podwire/podwire/pkg/link"
-	"github.com/podwire/podwire/pkg/netfilter"
 )
 
 // del tears the attachment down, best effort: it reads only what teardown needs
@@ -34,7 +33,6 @@ import (
 //  4. the masquerade, in both layouts, by name (no addresses needed);
 //  5. the lease (IPAM DEL).
 func (p *plugin) del(ctx context.Context, in *cniplumb.Input) error {
-	defer netfilter.ReleaseOffExit() // a child waits for the kernel to free deleted rules
 	t, warnings, err := parseTeardown(in.Stdin)
 	if t == nil {
 		return err
@@ -152,7 +150,6 @@ func prevAddrs(r *current.Result) []netip.Prefix {
 // layout names no network, so an attachment's rules are this network's when its host
 // veth is gone or is a port of this network's bridge.
 func (p *plugin) gc(ctx context.Context, in *cniplumb.Input) error {
-	defer netfilter.ReleaseOffExit()
 	t, warnings, err := parseTeardown(in.Stdin)
 	if t == nil {
 		return err

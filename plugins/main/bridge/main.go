@@ -21,8 +21,6 @@ import (
 )
 
 func main() {
-	link.RunDeleteChild()       // DEL's veth deletion (link.DeleteOffExit)
-	netfilter.RunReleaseChild() // DEL's nf_tables sockets (netfilter.ReleaseOffExit)
 	p := &plugin{links: link.NewNetlink(), ipam: ipamPlugins, masq: hostMasq{}, spoof: hostSpoof{netfilter.NewMacSpoof()},
 		random: link.RandomMAC, stderr: os.Stderr}
 	cniplumb.Main("bridge", cniplumb.Verbs{Add: p.add, Del: p.del, Check: p.check, GC: p.gc, Status: p.status})

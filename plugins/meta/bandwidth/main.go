@@ -9,7 +9,6 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/podwire/podwire/pkg/cniplumb"
-	"github.com/podwire/podwire/pkg/link"
 	"github.com/podwire/podwire/pkg/tc"
 )
 
@@ -19,11 +18,7 @@ import (
 var sinceV030 = version.VersionsStartingFrom("0.3.0").SupportedVersions()
 
 func main() {
-	link.RunDeleteChild() // DEL's IFB deletion (link.DeleteOffExit)
-	// The backend works in the process's namespace, which is the calling thread's ("")
-	// wherever podwire has not switched a locked thread.
-	deleteIFB := func(name string) error { return link.DeleteOffExit("", name) }
-	s := &shaper{tc: tc.NewNetlink(nil).WithLinkDelete(deleteIFB), hostVeth: findHostVeth, probe: tc.Probe}
+	s := &shaper{tc: tc.NewNetlink(nil), hostVeth: findHostVeth, probe: tc.Probe}
 	cniplumb.Main("bandwidth", cniplumb.Verbs{Add: s.add, Del: s.del, Check: s.check, GC: s.gc, Status: s.status,
 		Versions: sinceV030})
 }

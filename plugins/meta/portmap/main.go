@@ -13,7 +13,6 @@ import (
 )
 
 func main() {
-	netfilter.RunReleaseChild() // the child of netfilter.ReleaseOffExit, when it is one
 	pm := &portmap{
 		open:       netfilter.OpenHostPorts,
 		probe:      netfilter.ProbeHost,

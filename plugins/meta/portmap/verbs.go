@@ -172,7 +172,6 @@ func (pm *portmap) flush(m portstate.Marker) {
 // marker was lost): its rules are removed from both backends. Without either there
 // is nothing to do, at no cost. Whatever is already gone is success.
 func (pm *portmap) del(ctx context.Context, in *cniplumb.Input) error {
-	defer netfilter.ReleaseOffExit() // a child waits for the kernel to free deleted rules
 	owner := in.Owner()
 	m, ok, err := pm.state.Read(owner)
 	if err != nil {
@@ -277,7 +276,6 @@ func (pm *portmap) check(ctx context.Context, in *cniplumb.Input) error {
 // does not list, with the configured backend and every backend a marker names, and
 // their markers.
 func (pm *portmap) gc(ctx context.Context, in *cniplumb.Input) error {
-	defer netfilter.ReleaseOffExit()
 	tc := parseTeardownConf(in.Stdin)
 	network := in.Conf.Name
 	markers, err := pm.state.List(network)
