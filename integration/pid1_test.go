@@ -56,6 +56,7 @@ type pid1Runtime struct {
 	stderr bytes.Buffer
 	seen   map[string]bool // processes already reported, so each is reported once
 	left   []string        // every leftover seen, "after <call>: <pid comm state>"
+	calls  int
 }
 
 func startPID1(t *testing.T, h *nstest.H) *pid1Runtime {
@@ -135,6 +136,7 @@ func (r *pid1Runtime) call(verb string, list *libcni.NetworkConfigList, pod ns.N
 	if !r.out.Scan() {
 		r.t.Fatalf("pid1 did not answer %s: %v\n%s", what, r.out.Err(), r.stderr.String())
 	}
+	r.calls++
 	var resp pid1Response
 	if err := json.Unmarshal(r.out.Bytes(), &resp); err != nil {
 		r.t.Fatalf("pid1's answer to %s: %v: %s", what, err, r.out.Bytes())
@@ -247,6 +249,7 @@ func TestPluginsUnderPID1(t *testing.T) {
 				}
 				t.Errorf("%d process(es) left in all (%d zombies):\n%s", len(r.left), zombies, strings.Join(r.left, "\n"))
 			}
+			t.Logf("%d libcni calls under a PID 1 that reaps only its own children; %d processes left", r.calls, len(r.left))
 			settleBridge(t, h, h.Name("br"))
 			h.RequireUnchanged(before)
 		})
