@@ -22,7 +22,7 @@ TEST_LOG_DIR ?= /tmp/podwire-test-logs$(subst /,-,$(CURDIR))
 TESTLOG     = $(GO) run ./tools/testlog run
 
 DIST_DIR    ?= dist
-# Commands built besides the plugins (podwire, podwire-agent); dist ships plugins only.
+# Commands built besides the plugins (podwire, podwire-agent, podwire-init); dist ships plugins only.
 CMDS        ?= $(wildcard cmd/*)
 GOARCH      ?= $(shell $(GO) env GOARCH)
 IMAGE_NAME  ?= docker.io/podwire/podwire-agent:$(VERSION)
@@ -39,7 +39,7 @@ SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 
 all: build
 
-## build: every plugin and command (podwire, podwire-agent) into bin/, stripped, with the version
+## build: every plugin and command (podwire, podwire-agent, podwire-init) into bin/, stripped, with the version
 build:
 	@mkdir -p $(BIN_DIR)
 	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags '$(LDFLAGS)' -o $(BIN_DIR)/ $(addprefix ./,$(wildcard plugins/main/* plugins/ipam/* plugins/meta/*))
@@ -113,13 +113,13 @@ bench:
 bench-quick:
 	PODWIRE_BENCH=quick $(GO) test -count=1 -p 1 -timeout 10m -run TestBench -v ./integration/bench/
 
-## image: podwire-agent's OCI image tarball (agent + plugins), no container daemon needed;
+## image: podwire-agent's OCI image tarball (init + agent + plugins), no container daemon needed;
 ## load it with `ctr -n k8s.io images import $(IMAGE_TAR)`
 image:
 	rm -rf $(DIST_DIR)/image-bin
 	$(MAKE) build BIN_DIR=$(DIST_DIR)/image-bin
 	@mkdir -p $(DIST_DIR)
-	$(GO) run ./hack/mkimage -agent $(DIST_DIR)/image-bin/podwire-agent -plugins $(DIST_DIR)/image-bin -name $(IMAGE_NAME) -o $(IMAGE_TAR)
+	$(GO) run ./hack/mkimage -agent $(DIST_DIR)/image-bin/podwire-agent -init $(DIST_DIR)/image-bin/podwire-init -plugins $(DIST_DIR)/image-bin -name $(IMAGE_NAME) -o $(IMAGE_TAR)
 	rm -rf $(DIST_DIR)/image-bin
 
 clean:

@@ -4,9 +4,11 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -18,9 +20,10 @@ import (
 )
 
 // TestAgentImageAndCRI builds podwire-agent's OCI image as `make image` does (the
-// agent and the plugins, hack/mkimage), imports it with Debian's `ctr images import`
-// into a private containerd, and checks the agent's CRI client against that containerd:
-// the Version RPC names a runtime pkg/runtimes knows, and ListPodSandbox answers.
+// init, the agent and the plugins, hack/mkimage), imports it with Debian's `ctr images
+// import` into a private containerd, checks that its entrypoint runs the agent under
+// podwire-init, and checks the agent's CRI client against that containerd: the Version
+// RPC names a runtime pkg/runtimes knows, and ListPodSandbox answers.
 func TestAgentImageAndCRI(t *testing.T) {
 	nstest.RequireRoot(t)
 	if missing := containerd.Missing(); len(missing) > 0 {
@@ -32,15 +35,15 @@ func TestAgentImageAndCRI(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	agent := filepath.Join(dir, "podwire-agent")
-	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", agent, "./cmd/podwire-agent")
+	agent, initBin := filepath.Join(dir, "podwire-agent"), filepath.Join(dir, "podwire-init")
+	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", dir+"/", "./cmd/podwire-agent", "./cmd/podwire-init")
 	build.Dir, build.Env = repo, append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building the agent: %v\n%s", err, out)
+		t.Fatalf("building the agent and its init: %v\n%s", err, out)
 	}
 	tarPath := filepath.Join(dir, "agent.oci.tar")
 	const name = "docker.io/podwire/podwire-agent:test"
-	mk := exec.Command("go", "run", "./hack/mkimage", "-agent", agent, "-plugins", h.BinDir, "-name", name, "-o", tarPath)
+	mk := exec.Command("go", "run", "./hack/mkimage", "-agent", agent, "-init", initBin, "-plugins", h.BinDir, "-name", name, "-o", tarPath)
 	mk.Dir = repo
 	if out, err := mk.CombinedOutput(); err != nil {
 		t.Fatalf("hack/mkimage: %v\n%s", err, out)
@@ -55,8 +58,24 @@ func TestAgentImageAndCRI(t *testing.T) {
 	if err != nil {
 		t.Fatalf("ctr images import: %v\n%s", err, out)
 	}
-	if out, err := d.Crictl("inspecti", name); err != nil || !strings.Contains(out, "/podwire-agent") {
-		t.Errorf("crictl inspecti %s: %v\n%s", name, err, out)
+	info, err := d.Crictl("inspecti", name)
+	if err != nil {
+		t.Fatalf("crictl inspecti %s: %v\n%s", name, err, info)
+	}
+	// The DaemonSet passes args only, so they follow this entrypoint: the agent runs
+	// under podwire-init, its PID 1 (cmd/podwire-agent/README.md, "PID 1").
+	var img struct {
+		Info struct {
+			ImageSpec struct {
+				Config struct{ Entrypoint, Cmd []string }
+			}
+		}
+	}
+	if err := json.Unmarshal([]byte(info), &img); err != nil {
+		t.Fatalf("crictl inspecti %s: %v\n%s", name, err, info)
+	}
+	if ep := img.Info.ImageSpec.Config; !slices.Equal(ep.Entrypoint, []string{"/podwire-init", "/podwire-agent"}) || len(ep.Cmd) != 0 {
+		t.Errorf("image entrypoint %q cmd %q, want [/podwire-init /podwire-agent] and no cmd", ep.Entrypoint, ep.Cmd)
 	}
 	ls, _ := exec.CommandContext(ctx, "ctr", "--address", d.Socket, "--namespace", "k8s.io", "images", "check", "name=="+name).CombinedOutput()
 	if !strings.Contains(string(ls), "complete") {

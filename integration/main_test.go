@@ -21,8 +21,10 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	nstest.CleanupBinDir()
-	if agentBinPath != "" {
-		os.RemoveAll(filepath.Dir(agentBinPath))
+	for _, bin := range []string{agentBinPath, initBinPath, pid1BinPath} {
+		if bin != "" {
+			os.RemoveAll(filepath.Dir(bin))
+		}
 	}
 	os.Exit(code)
 }

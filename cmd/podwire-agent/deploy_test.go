@@ -17,8 +17,9 @@ import (
 )
 
 // TestDeployManifests decodes deploy/*.yaml strictly into the API types (a misspelt
-// field fails), and checks that the DaemonSet's args are flags the agent has and that
-// every volume mount has its volume. The API server's own check (server-side apply in
+// field fails), and checks that the DaemonSet's args are flags the agent has, that it
+// keeps the image's entrypoint (the agent under podwire-init), and that every volume
+// mount has its volume. The API server's own check (server-side apply in
 // dry-run mode) is in the integration tests.
 func TestDeployManifests(t *testing.T) {
 	files, _ := filepath.Glob("../../deploy/*.yaml")
@@ -77,6 +78,14 @@ func checkDaemonSet(t *testing.T, ds *appsv1.DaemonSet) {
 		t.Error("the DaemonSet must use hostNetwork")
 	}
 	c := spec.Containers[0]
+	// The image's entrypoint is /podwire-init /podwire-agent (hack/mkimage): a command
+	// here would replace it, and the agent would run as PID 1 without a reaper.
+	if len(c.Command) != 0 {
+		t.Errorf("the DaemonSet sets command %q: leave it to the image's entrypoint (/podwire-init /podwire-agent), or start it with those two", c.Command)
+	}
+	if spec.ShareProcessNamespace != nil && *spec.ShareProcessNamespace {
+		t.Error("shareProcessNamespace: podwire-init is the container's PID 1 and reaper (cmd/podwire-agent/README.md, \"PID 1\")")
+	}
 	args := append([]string{}, c.Args...)
 	if _, err := parseFlags(append(args, "--node-name=x")); err != nil {
 		t.Errorf("the DaemonSet's args do not parse: %v", err)

@@ -2,10 +2,11 @@
 
 // Command mkimage builds podwire-agent's OCI image without a container daemon
 // (github.com/google/go-containerregistry): one layer holding the agent at
-// /podwire-agent and the plugins under /podwire/bin, written as an OCI image layout in a
-// tar archive that `ctr images import` accepts.
+// /podwire-agent, its init at /podwire-init (the entrypoint: /podwire-init /podwire-agent,
+// see cmd/podwire-init) and the plugins under /podwire/bin, written as an OCI image
+// layout in a tar archive that `ctr images import` accepts.
 //
-//	go run ./hack/mkimage -agent bin/podwire-agent -plugins bin -name docker.io/podwire/podwire-agent:v1 -o podwire-agent.oci.tar
+//	go run ./hack/mkimage -agent bin/podwire-agent -init bin/podwire-init -plugins bin -name docker.io/podwire/podwire-agent:v1 -o podwire-agent.oci.tar
 package main
 
 import (
@@ -32,12 +33,13 @@ import (
 
 func main() {
 	agent := flag.String("agent", "bin/podwire-agent", "the agent binary")
-	plugins := flag.String("plugins", "bin", "directory of plugin binaries (every regular file but the agent)")
+	initBin := flag.String("init", "bin/podwire-init", "the init binary, PID 1 of the container (cmd/podwire-init)")
+	plugins := flag.String("plugins", "bin", "directory of plugin binaries (every regular file but the agent and the init)")
 	name := flag.String("name", "docker.io/podwire/podwire-agent:dev", "image reference recorded in the archive")
 	out := flag.String("o", "podwire-agent.oci.tar", "output archive")
 	arch := flag.String("arch", runtime.GOARCH, "image architecture")
 	flag.Parse()
-	if err := build(*agent, *plugins, *name, *out, *arch); err != nil {
+	if err := build(*agent, *initBin, *plugins, *name, *out, *arch); err != nil {
 		fmt.Fprintln(os.Stderr, "mkimage:", err)
 		os.Exit(1)
 	}
@@ -47,7 +49,7 @@ func main() {
 // epoch keeps the archive reproducible.
 var epoch = time.Unix(0, 0).UTC()
 
-func layerTar(agent, plugins string) ([]byte, error) {
+func layerTar(agent, initBin, plugins string) ([]byte, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	dir := func(name string) error {
@@ -67,6 +69,9 @@ func layerTar(agent, plugins string) ([]byte, error) {
 	if err := file("podwire-agent", agent); err != nil {
 		return nil, fmt.Errorf("the agent binary (run make build first): %w", err)
 	}
+	if err := file("podwire-init", initBin); err != nil {
+		return nil, fmt.Errorf("the init binary (run make build first): %w", err)
+	}
 	for _, d := range []string{"podwire", "podwire/bin", "tmp"} {
 		if err := dir(d); err != nil {
 			return nil, err
@@ -78,7 +83,7 @@ func layerTar(agent, plugins string) ([]byte, error) {
 	}
 	n := 0
 	for _, e := range ents {
-		if !e.Type().IsRegular() || e.Name() == filepath.Base(agent) || strings.HasPrefix(e.Name(), ".") {
+		if !e.Type().IsRegular() || e.Name() == filepath.Base(agent) || e.Name() == filepath.Base(initBin) || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
 		if err := file("podwire/bin/"+e.Name(), filepath.Join(plugins, e.Name())); err != nil {
@@ -95,8 +100,8 @@ func layerTar(agent, plugins string) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-func build(agent, plugins, name, out, arch string) error {
-	lt, err := layerTar(agent, plugins)
+func build(agent, initBin, plugins, name, out, arch string) error {
+	lt, err := layerTar(agent, initBin, plugins)
 	if err != nil {
 		return err
 	}
@@ -116,7 +121,9 @@ func build(agent, plugins, name, out, arch string) error {
 	}
 	cf = cf.DeepCopy()
 	cf.OS, cf.Architecture, cf.Created = "linux", arch, v1.Time{Time: epoch}
-	cf.Config.Entrypoint = []string{"/podwire-agent"}
+	// The init is PID 1 and reaps every orphan of what the agent runs; the DaemonSet
+	// passes only args, which follow the agent (cmd/podwire-agent/README.md, "PID 1").
+	cf.Config.Entrypoint = []string{"/podwire-init", "/podwire-agent"}
 	cf.Config.Env = []string{"PATH=/podwire/bin"}
 	cf.Config.Labels = map[string]string{"org.opencontainers.image.source": "https://github.com/podwire/podwire"}
 	if img, err = mutate.ConfigFile(img, cf); err != nil {
