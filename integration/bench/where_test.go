@@ -385,19 +385,20 @@ func restWhy(plugin, verb string, k *backendKinds) string {
 	switch plugin + " " + verb {
 	case "bridge(ipMasq)+host-local ADD":
 		return "the netlink requests 2b does not time (bridge lookup, port flags, addresses, routes, sysctls, " +
-			"the pod's lo and eth0 up) and host-local's lease (a lock, a write and an fsync of the lease file " +
-			"and its directory): each is needed; only the fsyncs could go, at the cost of crash safety"
+			"the pod's lo and eth0 up, entering the pod netns) and host-local's lease (the data dir's lock, the " +
+			"index entry, the lease staged and renamed into place; no fsync): each is part of making the pod, " +
+			"none can go without giving up a check or crash safety"
 	case "bridge(ipMasq)+host-local DEL":
-		return "host-local's lease removal (lock, unlink, fsync of the directory) and the lookups that find " +
-			"both layouts' rules and the host veth: needed for a DEL that cleans up after either implementation"
+		return "host-local's lease removal (the data dir's lock, the index entry, the unlink) and the lookups " +
+			"that find both layouts' rules and the host veth: needed for a DEL that cleans up after either implementation"
 	case "portmap ADD", "portmap DEL":
 		if k.portmap == "iptables" {
 			return "iptables-restore costs more than 2b's one-process start (`iptables --version`): it parses, " +
 				"commits an nf_tables transaction (iptables-nft) and, after deleting rules, waits in its exit " +
 				"for the kernel to free them; it is the tool the reference uses too, and only the binary could avoid it"
 		}
-		return "the marker file (written and fsynced before the rules, so a crash leaves something DEL " +
-			"finds) and the conntrack flush for UDP mappings: both are needed"
+		return "the marker file (written before the rules, so a crash leaves something DEL finds) and the " +
+			"conntrack flush for UDP mappings: both are needed"
 	case "bandwidth ADD", "bandwidth DEL":
 		return "the qdisc and filter requests 2b does not time (TBF on the host veth, the ingress hook, " +
 			"the redirect, TBF on the IFB): each is needed"
