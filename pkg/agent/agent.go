@@ -100,6 +100,8 @@ type Agent struct {
 	ready         bool            // the condition last reported is Ready
 	lastStatus    time.Time       // the status reconciler's last run (for /healthz)
 	lastCond      kube.Condition
+	condSent      written // the condition and annotation last patched (status.go)
+	noteSent      written
 }
 
 // New loads the install manifest.

@@ -85,10 +85,36 @@ func (a *Agent) usage(ctx context.Context, self *corev1.Node, cidrs []netip.Pref
 		a.d.Metrics.Attachments.Set(float64(n))
 	}
 	note := usage.Annotation(rs)
-	if self.Annotations[kube.FreeAddressesAnnotation] == note {
+	if self.Annotations[kube.FreeAddressesAnnotation] == note || a.inFlight(&a.noteSent, note) {
 		return nil
 	}
-	return kube.PatchAnnotation(ctx, a.d.Kube, a.cfg.NodeName, kube.FreeAddressesAnnotation, note)
+	if err := kube.PatchAnnotation(ctx, a.d.Kube, a.cfg.NodeName, kube.FreeAddressesAnnotation, note); err != nil {
+		return err
+	}
+	a.sent(&a.noteSent, note)
+	return nil
+}
+
+// written is a value the agent patched and when.
+type written struct {
+	value any
+	at    time.Time
+}
+
+// inFlight reports whether v was patched less than a period ago: the cache has not
+// caught up with the agent's own write yet (a run kicked by the condition's update
+// event can come before the annotation's), so patching it again would be a
+// duplicate. If the write is lost, the next run after a period patches again.
+func (a *Agent) inFlight(w *written, v any) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return reflect.DeepEqual(w.value, v) && time.Since(w.at) < a.cfg.StatusPeriod
+}
+
+func (a *Agent) sent(w *written, v any) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	*w = written{value: v, at: time.Now()}
 }
 
 // defaultDataDir is host-local's default dataDir.
@@ -109,8 +135,12 @@ func (a *Agent) report(ctx context.Context, self *corev1.Node, cond kube.Conditi
 	if changed {
 		a.d.Log.Info("network condition", "ready", cond.Ready, "reason", cond.Reason, "message", cond.Message)
 	}
-	if !kube.NeedsPatch(self, cond) {
+	if !kube.NeedsPatch(self, cond) || a.inFlight(&a.condSent, cond) {
 		return nil
 	}
-	return kube.PatchCondition(ctx, a.d.Kube, self, cond, time.Now())
+	if err := kube.PatchCondition(ctx, a.d.Kube, self, cond, time.Now()); err != nil {
+		return err
+	}
+	a.sent(&a.condSent, cond)
+	return nil
 }
