@@ -35,7 +35,7 @@ DIST_GOENV  = CGO_ENABLED=0 GOOS=linux GOFLAGS="$(DIST_GOFLAGS)" GOAMD64=v1 GOAR
 # Every file in the tarballs gets the commit's time (reproducible-builds.org's variable).
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 
-.PHONY: all build test unit-test integration-test vet install clean bench bench-quick dist notice image fuzz stress demo
+.PHONY: all build test unit-test integration-test vet install clean bench bench-quick bench-agent dist notice image fuzz stress demo
 
 all: build
 
@@ -108,6 +108,12 @@ demo:
 ## bench: podwire vs the reference plugins vs a no-op floor; writes BENCHMARKS.md (~10 min)
 bench:
 	PODWIRE_BENCH=full $(GO) test -count=1 -p 1 -timeout 30m -run TestBench -v ./integration/bench/
+
+## bench-agent: podwire-agent with 2,000 Nodes on a real kube-apiserver (3 agents, 60 s windows, a churn of
+## 200 status patches/s); writes its own section of BENCHMARKS.md (~5 min, root; TestAgentScale bounded in go test)
+bench-agent:
+	PODWIRE_AGENT_BENCH_NODES=$${NODES:-2000} PODWIRE_AGENT_BENCH_AGENTS=$${AGENTS:-3} PODWIRE_AGENT_BENCH_WINDOW=$${WINDOW:-60} \
+	PODWIRE_AGENT_BENCH_OUT=$(CURDIR)/BENCHMARKS.md $(GO) test -count=1 -p 1 -timeout 30m -run 'TestAgentScale$$' -v ./integration/
 
 ## bench-quick: a ~1 minute subset of bench
 bench-quick:

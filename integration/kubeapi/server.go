@@ -77,6 +77,7 @@ func Start(t testing.TB, bins Binaries, n ns.NetNS, addr netip.Addr, users ...Us
 		fmt.Fprintf(&tokens, "%s,%s,uid-%d,\"%s\"\n", tok, u.Name, i, strings.Join(u.Groups, ","))
 	}
 	s.write(t, "tokens.csv", []byte(tokens.String()), 0o600)
+	s.write(t, "audit-policy.yaml", []byte(auditPolicy), 0o600)
 	s.certs(t)
 
 	etcd := s.start(t, "etcd", bins.Etcd,
@@ -97,6 +98,8 @@ func Start(t testing.TB, bins Binaries, n ns.NetNS, addr netip.Addr, users ...Us
 		"--service-account-key-file="+s.path("sa.pub"),
 		"--service-account-signing-key-file="+s.path("sa.key"),
 		"--service-cluster-ip-range=10.96.0.0/16",
+		"--audit-policy-file="+s.path("audit-policy.yaml"), "--audit-log-path="+s.path("audit.log"),
+		"--audit-log-format=json", "--audit-log-mode=blocking",
 		"--profiling=false", "--v=0")
 
 	c := s.Client(t, Admin)

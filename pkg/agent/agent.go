@@ -15,22 +15,17 @@ import (
 	"log/slog"
 	"net/netip"
 	"path/filepath"
-	"reflect"
 	"sync"
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
-	"github.com/containernetworking/cni/pkg/types"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/podwire/podwire/pkg/agent/conflist"
 	"github.com/podwire/podwire/pkg/agent/cri"
 	"github.com/podwire/podwire/pkg/agent/gc"
 	"github.com/podwire/podwire/pkg/agent/install"
@@ -38,7 +33,6 @@ import (
 	"github.com/podwire/podwire/pkg/agent/masq"
 	"github.com/podwire/podwire/pkg/agent/metrics"
 	"github.com/podwire/podwire/pkg/agent/routes"
-	"github.com/podwire/podwire/pkg/agent/usage"
 	"github.com/podwire/podwire/pkg/runtimes"
 )
 
@@ -93,17 +87,21 @@ type Agent struct {
 	d     Deps
 	inst  *install.Installer
 	nodes corelisters.NodeLister
+	r     map[string]*reconciler // by name, set by Run
 
 	mu            sync.Mutex
 	list          *libcni.NetworkConfigList // the conflist written, nil before
 	version       string                    // the resolved cniVersion
 	caps          runtimes.Capabilities
 	versionFailed bool
-	ready         bool // last STATUS succeeded
-	lastLoop      time.Time
-	lastStatus    time.Time
-	lastNote      string // annotation last written
+	confDone      bool            // the conflist reconciler has run
+	conf          *kube.Condition // its failure (not ready), nil when written
+	gcKicked      bool            // GC's first run is asked for
+	ready         bool            // the condition last reported is Ready
+	lastStatus    time.Time       // the status reconciler's last run (for /healthz)
 	lastCond      kube.Condition
+	condSent      written // the condition and annotation last patched (status.go)
+	noteSent      written
 }
 
 // New loads the install manifest.
@@ -145,7 +143,7 @@ func (a *Agent) InstallBinaries() error {
 	return err
 }
 
-// Run installs, then runs the node loop until ctx ends.
+// Run installs, then runs the reconcilers until ctx ends.
 func (a *Agent) Run(ctx context.Context) error {
 	if err := a.InstallBinaries(); err != nil {
 		return fmt.Errorf("installing the plugins: %w", err)
@@ -156,21 +154,33 @@ func (a *Agent) Run(ctx context.Context) error {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", a.cfg.NodeName).String()
 		}))
 	}
+	// No informer resync (0): a resync re-delivers every cached Node to the handlers,
+	// work that grows with the cluster; each reconciler resyncs its own state instead.
 	f := informers.NewSharedInformerFactoryWithOptions(a.d.Kube, 0, opts...)
 	inf := f.Core().V1().Nodes()
-	a.nodes = inf.Lister()
-	kick := make(chan struct{}, 1)
-	poke := func() {
-		select {
-		case kick <- struct{}{}:
-		default:
-		}
+	if err := inf.Informer().SetTransform(kube.Slim(a.cfg.NodeName)); err != nil {
+		return err
 	}
-	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { poke() },
-		UpdateFunc: func(o, n any) { poke() },
-		DeleteFunc: func(any) { poke() },
-	}); err != nil {
+	a.nodes = inf.Lister()
+
+	period := a.cfg.StatusPeriod
+	rs := []*reconciler{
+		newReconciler(rConflist, period, a.syncConflist),
+		newReconciler(rMasquerade, period, a.syncMasquerade),
+		newReconciler(rStatus, period, a.syncStatus),
+	}
+	if a.cfg.Routes {
+		rs = append(rs, newReconciler(rRoutes, period, a.syncRoutes))
+	}
+	if a.cfg.GCPeriod > 0 {
+		// Kicked by the conflist reconciler once there is a conflist, then every period.
+		rs = append(rs, newReconciler(rGC, a.cfg.GCPeriod, a.syncGC))
+	}
+	a.r = map[string]*reconciler{}
+	for _, r := range rs {
+		a.r[r.name] = r
+	}
+	if _, err := inf.Informer().AddEventHandler(a.nodeEvents()); err != nil {
 		return err
 	}
 	f.Start(ctx.Done())
@@ -178,261 +188,25 @@ func (a *Agent) Run(ctx context.Context) error {
 	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
 		return fmt.Errorf("the Node informer never synced: %w", ctx.Err())
 	}
-	go a.gcLoop(ctx)
-	status := time.NewTicker(a.cfg.StatusPeriod)
-	defer status.Stop()
-	poke()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-kick:
-			a.Sync(ctx)
-		case <-status.C:
-			a.Sync(ctx)
+	wait := a.start(ctx, rs)
+	// The first run of each, on the synced cache: the routes reconciler's removes the
+	// routes of Nodes deleted while the agent was down.
+	for _, r := range rs {
+		if r.name != rGC {
+			r.kick()
 		}
-		a.mu.Lock()
-		a.lastLoop = time.Now()
-		a.mu.Unlock()
 	}
-}
-
-// Sync is one pass: conflist, masquerade, routes, STATUS and usage. Failures are logged
-// and counted; the next event or tick tries again.
-func (a *Agent) Sync(ctx context.Context) {
-	self, err := a.nodes.Get(a.cfg.NodeName)
-	if err != nil {
-		a.d.Log.Error("own Node not found; is --node-name (NODE_NAME) the Node's name?", "node", a.cfg.NodeName, "err", err)
-		return
-	}
-	cidrs, err := kube.PodCIDRs(self)
-	if err == nil && len(cidrs) == 0 {
-		err = errors.New("the Node has no spec.podCIDRs yet (kube-controller-manager --allocate-node-cidrs assigns them)")
-	}
-	if err != nil {
-		a.report(ctx, self, kube.Condition{Reason: "NoPodCIDR", Message: err.Error()})
-		return
-	}
-	if err := a.writeConflist(ctx, cidrs); err != nil {
-		a.d.Log.Error("conflist", "err", err)
-		a.d.Metrics.InstallEvents.WithLabelValues("error").Inc()
-		a.report(ctx, self, kube.Condition{Reason: "ConflistFailed", Message: err.Error()})
-		return
-	}
-	a.syncMasquerade(ctx, cidrs)
-	if a.cfg.Routes {
-		a.syncRoutes()
-	}
-	// Other Nodes' heartbeats wake the loop often; STATUS execs every plugin, so it runs
-	// at most every few seconds (and on every status tick).
-	a.mu.Lock()
-	due := time.Since(a.lastStatus) >= statusMinInterval
-	if due {
-		a.lastStatus = time.Now()
-	}
-	a.mu.Unlock()
-	if due {
-		a.status(ctx, self, cidrs)
-	}
-}
-
-// statusMinInterval spaces STATUS runs triggered by Node events.
-const statusMinInterval = 5 * time.Second
-
-// resolveVersion picks the conflist's cniVersion: the flag, or the runtime's.
-func (a *Agent) resolveVersion(ctx context.Context) string {
-	if a.cfg.CNIVersion != "" && a.cfg.CNIVersion != "auto" {
-		return a.cfg.CNIVersion
-	}
-	if a.d.Runtime == nil {
-		return runtimes.Conservative.MaxCNIVersion
-	}
-	name, ver, err := a.d.Runtime.Version(ctx)
-	if err != nil {
-		a.mu.Lock()
-		first := !a.versionFailed
-		a.versionFailed = true
-		a.mu.Unlock()
-		if first { // once, not on every sync
-			a.d.Log.Warn("cannot ask the runtime its version; writing the conservative cniVersion until it answers", "err", err, "cniVersion", runtimes.Conservative.MaxCNIVersion)
-		}
-		return runtimes.Conservative.MaxCNIVersion
-	}
-	a.mu.Lock()
-	a.versionFailed = false
-	a.mu.Unlock()
-	caps := runtimes.Lookup(name, ver)
-	a.mu.Lock()
-	changed := caps != a.caps
-	a.caps = caps
-	a.mu.Unlock()
-	if changed {
-		a.d.Log.Info("container runtime", "name", name, "version", ver, "row", caps.Source, "cniVersion", caps.MaxCNIVersion, "callsStatus", caps.CallsStatus, "gc", caps.GC.String())
-	}
-	return caps.MaxCNIVersion
-}
-
-func (a *Agent) writeConflist(ctx context.Context, cidrs []netip.Prefix) error {
-	v := a.resolveVersion(ctx)
-	b, err := conflist.Render(conflist.Params{Network: a.cfg.NetworkName, CNIVersion: v, Bridge: a.cfg.Bridge,
-		MTU: a.cfg.MTU, PodCIDRs: cidrs, DataDir: a.cfg.IPAMDataDir})
-	if err != nil {
-		return err
-	}
-	r, err := a.inst.Conflist(a.ConflistPath(), b)
-	if err != nil {
-		return err
-	}
-	if r.Action == install.Foreign {
-		return fmt.Errorf("%s exists and the agent did not write it; move it away or pass --replace-foreign", r.Path)
-	}
-	if r.Action != install.Unchanged {
-		a.d.Metrics.InstallEvents.WithLabelValues(string(r.Action)).Inc()
-		a.d.Log.Info("conflist", "path", r.Path, "action", r.Action, "cniVersion", v, "podCIDRs", cidrs)
-	}
-	l, err := libcni.ConfListFromBytes(b)
-	if err != nil {
-		return fmt.Errorf("libcni refuses the conflist the agent rendered: %w", err)
-	}
-	a.mu.Lock()
-	a.list, a.version = l, v
-	a.mu.Unlock()
+	<-ctx.Done()
+	wait()
 	return nil
 }
 
-func (a *Agent) syncMasquerade(ctx context.Context, cidrs []netip.Prefix) {
-	if !a.cfg.Masquerade || a.d.Masq == nil {
-		return
-	}
-	plan, uncovered := masq.Plan(cidrs, a.cfg.ClusterCIDRs)
-	if len(uncovered) > 0 {
-		a.d.Log.Warn("no --cluster-cidr of these pod CIDRs' family: traffic to other nodes' pods is masqueraded; set --cluster-cidr", "podCIDRs", uncovered)
-	}
-	if err := masq.Sync(ctx, a.d.Masq, plan); err != nil {
-		a.d.Metrics.MasqueradeSync.WithLabelValues("error").Inc()
-		a.d.Log.Error("masquerade rules", "err", err)
-		return
-	}
-	a.d.Metrics.MasqueradeSync.WithLabelValues("success").Inc()
-}
-
-func (a *Agent) syncRoutes() {
-	all, err := a.nodes.List(labels.Everything())
-	if err != nil {
-		a.d.Metrics.RouteSync.WithLabelValues("error").Inc()
-		return
-	}
-	var nodes []routes.Node
-	for _, n := range all {
-		nodes = append(nodes, kube.RouteNode(n))
-	}
-	conn, err := a.d.Routes.Connected()
-	if err != nil {
-		a.d.Metrics.RouteSync.WithLabelValues("error").Inc()
-		a.d.Log.Error("listing connected subnets", "err", err)
-		return
-	}
-	want, skipped := routes.Plan(a.cfg.NodeName, conn, nodes)
-	for _, s := range skipped {
-		a.d.Log.Debug("no route", "why", s)
-	}
-	ch, err := routes.Sync(a.d.Routes, want)
-	for _, r := range ch.Added {
-		a.d.Log.Info("route added", "route", r.String())
-	}
-	for _, r := range ch.Removed {
-		a.d.Log.Info("route removed", "route", r.String())
-	}
-	if err != nil {
-		a.d.Metrics.RouteSync.WithLabelValues("error").Inc()
-		a.d.Log.Error("route sync", "err", err)
-		return
-	}
-	a.d.Metrics.RouteSync.WithLabelValues("success").Inc()
-	a.d.Metrics.Routes.Set(float64(len(want)))
-}
-
-func (a *Agent) current() *libcni.NetworkConfigList {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.list
-}
-
-// status runs STATUS, publishes the condition, the free addresses and the metrics.
-func (a *Agent) status(ctx context.Context, self *corev1.Node, cidrs []netip.Prefix) {
-	cond := kube.Condition{Ready: true, Reason: "StatusOK", Message: "every plugin of the chain answered STATUS"}
-	if err := gc.Status(ctx, a.d.CNI, a.current()); err != nil {
-		cond = kube.Condition{Reason: "StatusFailed", Message: err.Error()}
-		var te *types.Error
-		if errors.As(err, &te) {
-			cond.Reason = fmt.Sprintf("StatusCode%d", te.Code)
-		}
-	}
-	a.report(ctx, self, cond)
-	dataDir := a.cfg.IPAMDataDir
-	if dataDir == "" {
-		dataDir = defaultDataDir
-	}
-	leases, err := gc.Leases(dataDir, a.cfg.NetworkName)
-	if err != nil {
-		a.d.Log.Error("reading host-local's leases", "dir", dataDir, "err", err)
-		return
-	}
-	rs := usage.Count(cidrs, leases)
-	a.d.Metrics.AddressesFree.Reset()
-	a.d.Metrics.AddressesUsed.Reset()
-	for _, r := range rs {
-		a.d.Metrics.AddressesFree.WithLabelValues(r.Range).Set(float64(r.Free))
-		a.d.Metrics.AddressesUsed.WithLabelValues(r.Range).Set(float64(r.Used))
-	}
-	if cached, err := a.d.CNI.GetCachedAttachments(""); err == nil {
-		n := 0
-		for _, c := range cached {
-			if c.Network == a.cfg.NetworkName {
-				n++
-			}
-		}
-		a.d.Metrics.Attachments.Set(float64(n))
-	}
-	note := usage.Annotation(rs)
-	if self.Annotations[kube.FreeAddressesAnnotation] != note {
-		if err := kube.PatchAnnotation(ctx, a.d.Kube, a.cfg.NodeName, kube.FreeAddressesAnnotation, note); err != nil {
-			a.d.Log.Error("free-addresses annotation", "err", err)
-		}
-	}
-}
-
-// defaultDataDir is host-local's default dataDir.
-const defaultDataDir = "/var/lib/cni/networks"
-
-// report sets the Node condition (every call refreshes its heartbeat).
-func (a *Agent) report(ctx context.Context, self *corev1.Node, cond kube.Condition) {
-	a.mu.Lock()
-	a.ready = cond.Ready
-	changed := !reflect.DeepEqual(cond, a.lastCond)
-	a.lastCond = cond
-	a.mu.Unlock()
-	if cond.Ready {
-		a.d.Metrics.NetworkReady.Set(1)
-	} else {
-		a.d.Metrics.NetworkReady.Set(0)
-	}
-	if changed {
-		a.d.Log.Info("network condition", "ready", cond.Ready, "reason", cond.Reason, "message", cond.Message)
-	}
-	if !kube.NeedsPatch(self, cond, time.Now(), a.cfg.StatusPeriod) {
-		return
-	}
-	if err := kube.PatchCondition(ctx, a.d.Kube, self, cond, time.Now()); err != nil {
-		a.d.Log.Error("node condition", "err", err)
-	}
-}
-
-// Healthy reports whether the loop ran recently.
+// Healthy reports whether the status reconciler, which runs every StatusPeriod, ran
+// recently (a stuck STATUS or a dead worker fails the probe).
 func (a *Agent) Healthy() bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.lastLoop.IsZero() || time.Since(a.lastLoop) < 3*a.cfg.StatusPeriod+time.Minute
+	return a.lastStatus.IsZero() || time.Since(a.lastStatus) < 3*a.cfg.StatusPeriod+time.Minute
 }
 
 // Ready reports whether the conflist is written and the last STATUS succeeded.

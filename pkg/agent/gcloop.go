@@ -15,36 +15,14 @@ import (
 	"github.com/podwire/podwire/pkg/agent/gc"
 )
 
-// gcLoop runs GC at startup (once the conflist is written) and every GCPeriod.
-func (a *Agent) gcLoop(ctx context.Context) {
-	if a.cfg.GCPeriod <= 0 {
-		return
-	}
-	for a.current() == nil {
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(time.Second):
-		}
-	}
-	t := time.NewTicker(a.cfg.GCPeriod)
-	defer t.Stop()
-	for {
-		a.RunGC(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
-// RunGC is one GC run of the written conflist.
-func (a *Agent) RunGC(ctx context.Context) {
+// syncGC is the GC reconciler: one GC run of the written conflist (the conflist
+// reconciler kicks the first, then it runs every GCPeriod; a failed run is retried
+// with backoff). Without a conflist or a runtime it is skipped.
+func (a *Agent) syncGC(ctx context.Context) error {
 	list := a.current()
 	if list == nil || a.d.Runtime == nil {
 		a.d.Metrics.GCRuns.WithLabelValues("skipped").Inc()
-		return
+		return nil
 	}
 	dataDir := a.cfg.IPAMDataDir
 	if dataDir == "" {
@@ -85,11 +63,11 @@ func (a *Agent) RunGC(ctx context.Context) {
 	}
 	if err != nil {
 		a.d.Metrics.GCRuns.WithLabelValues("error").Inc()
-		a.d.Log.Error("GC", "err", err, "valid", res.Valid, "stale", res.Stale, "reclaimed", res.Reclaimed)
-		return
+		return fmt.Errorf("GC (valid %d, stale %d, reclaimed %v): %w", res.Valid, res.Stale, res.Reclaimed, err)
 	}
 	a.d.Metrics.GCRuns.WithLabelValues("success").Inc()
 	a.d.Log.Info("GC", "valid", res.Valid, "stale", res.Stale, "reclaimed", res.Reclaimed)
+	return nil
 }
 
 // logRuntimeGC logs GC of the runtime's other networks: at info when it found

@@ -115,18 +115,18 @@ func PatchCondition(ctx context.Context, c kubernetes.Interface, current *corev1
 	return nil
 }
 
-// NeedsPatch reports whether the Node's condition differs from cond or its heartbeat is
-// older than period: every patch is a Node update every agent's informer sees, so the
-// agent patches only on change and once per period, never per event.
-func NeedsPatch(n *corev1.Node, cond Condition, now time.Time, period time.Duration) bool {
+// NeedsPatch reports whether the Node's condition differs from cond. The agent patches
+// only on change, never on a timer: every patch is a Node update every agent's informer
+// receives, and nothing reads the condition's lastHeartbeatTime (the node lifecycle
+// controller watches the kubelet's Lease and Ready condition, not other conditions).
+func NeedsPatch(n *corev1.Node, cond Condition) bool {
 	status := corev1.ConditionFalse
 	if cond.Ready {
 		status = corev1.ConditionTrue
 	}
 	for _, c := range n.Status.Conditions {
 		if c.Type == ConditionType {
-			return c.Status != status || c.Reason != cond.Reason || c.Message != cond.Message ||
-				now.Sub(c.LastHeartbeatTime.Time) >= period-period/10
+			return c.Status != status || c.Reason != cond.Reason || c.Message != cond.Message
 		}
 	}
 	return true

@@ -25,6 +25,9 @@ type Metrics struct {
 	Routes         prometheus.Gauge       // agent routes installed
 	MasqueradeSync *prometheus.CounterVec // {result}
 	NetworkReady   prometheus.Gauge       // 1 when the last STATUS succeeded
+	// ReconcileErrors counts failed runs per reconciler (conflist, masquerade, routes,
+	// status, gc); each is retried with its own backoff.
+	ReconcileErrors *prometheus.CounterVec // {reconciler}
 }
 
 // New registers every metric on a fresh registry.
@@ -51,8 +54,10 @@ func New() *Metrics {
 		Help: "Masquerade rule syncs by result (success, error)."}, []string{"result"})
 	m.NetworkReady = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "network_ready",
 		Help: "1 when the chain's last STATUS succeeded, else 0."})
+	m.ReconcileErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "reconcile_errors_total",
+		Help: "Failed reconciler runs, by reconciler (conflist, masquerade, routes, status, gc); each is retried with backoff while the others go on."}, []string{"reconciler"})
 	m.Registry.MustRegister(m.AddressesFree, m.AddressesUsed, m.Attachments, m.GCRuns, m.GCReclaimed,
-		m.InstallEvents, m.RouteSync, m.Routes, m.MasqueradeSync, m.NetworkReady,
+		m.InstallEvents, m.RouteSync, m.Routes, m.MasqueradeSync, m.NetworkReady, m.ReconcileErrors,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Counters with known labels start at 0, so a scrape shows them before the first event.
 	for _, r := range []string{"success", "error", "skipped"} {
@@ -61,6 +66,9 @@ func New() *Metrics {
 	for _, r := range []string{"success", "error"} {
 		m.RouteSync.WithLabelValues(r)
 		m.MasqueradeSync.WithLabelValues(r)
+	}
+	for _, r := range []string{"conflist", "masquerade", "routes", "status", "gc"} {
+		m.ReconcileErrors.WithLabelValues(r)
 	}
 	for _, k := range []string{"lease", "attachment", "veth", "ifb", "rule", "runtime-attachment"} {
 		m.GCReclaimed.WithLabelValues(k)

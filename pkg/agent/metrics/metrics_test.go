@@ -30,6 +30,8 @@ func TestScrape(t *testing.T) {
 		`podwire_agent_install_events_total{result="installed"} 1`,
 		`podwire_agent_route_sync_total{result="error"} 0`,
 		`podwire_agent_attachments 0`,
+		`podwire_agent_reconcile_errors_total{reconciler="conflist"} 0`,
+		`podwire_agent_reconcile_errors_total{reconciler="gc"} 0`,
 	} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("scrape lacks %q", want)

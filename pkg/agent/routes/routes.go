@@ -16,9 +16,19 @@ import (
 	"slices"
 )
 
-// Protocol is the rtm_protocol of the agent's routes ("ip route show proto 165"). Linux
-// reserves 0-4 for itself; iproute2's rt_protos names 8-19, 42, 99, 186-192 and a few
-// others for routing daemons; 165 is none of them.
+// Protocol is the rtm_protocol of the agent's routes ("ip route show proto 165"): the
+// marker the kernel keeps with each route, by which the agent finds its own and only its
+// own (a route of another protocol, such as an operator's static or boot route, is
+// never listed, so never changed or deleted). Linux reserves 0-4 for itself
+// (RTPROT_UNSPEC, REDIRECT, KERNEL, BOOT, STATIC); include/uapi/linux/rtnetlink.h and
+// iproute2's rt_protos assign 8-19, 42, 99 and 186-192 to routing daemons (gated, ra,
+// mrt, zebra, bird, dnrouted, xorp, ntk, dhcp, mrouted, keepalived, babel, openr, bgp,
+// isis, ospf, rip, eigrp); 165 is none of them.
+//
+// Upgrades: every podwire-agent has made its routes with this protocol since its route
+// code was written, so there are no agent routes without it to migrate. (The 0.1.0
+// VERSION commit predates the agent, which no release has shipped yet; a future change
+// of the number must list the old one too.)
 const Protocol = 165
 
 // Node is what routing needs of a Kubernetes Node.
