@@ -106,6 +106,7 @@ func TestAgentCluster(t *testing.T) {
 		// Forwarding is on on every Kubernetes node (the kubelet's prerequisites); set it
 		// before the snapshot, so the snapshot holds what the agent and plugins change.
 		n.h.Run(n.h.HostNS, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+		waitLANUp(t, n.h, n.h.HostNS)
 		waitNoTentative(t, n.h)
 		n.before = n.h.Snapshot()
 	}

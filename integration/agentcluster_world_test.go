@@ -57,6 +57,23 @@ func (l *lan) attach(n ns.NetNS, cidr string) {
 	l.h.Run(n, "ip", "link", "set", "lo", "up")
 }
 
+// waitLANUp waits until n's lan0 has its carrier and an IPv6 link-local address:
+// the kernel reports a new veth's carrier asynchronously (linkwatch, up to a second
+// later), and the link-local address only follows it, so a snapshot taken right after
+// attach could see either change land afterwards.
+func waitLANUp(t *testing.T, h *nstest.H, n ns.NetNS) {
+	t.Helper()
+	var out string
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		link := h.Run(n, "ip", "-o", "link", "show", "dev", "lan0")
+		out = link + h.Run(n, "ip", "-o", "-6", "addr", "show", "dev", "lan0", "scope", "link")
+		if !strings.Contains(link, "NO-CARRIER") && strings.Contains(link, "state UP") && strings.Contains(out, "fe80::") {
+			return
+		}
+	}
+	t.Fatalf("lan0 not up with a link-local address after 10s:\n%s", out)
+}
+
 // newNetNS is a namespace removed at cleanup.
 func newNetNS(t *testing.T) ns.NetNS {
 	n, err := testutils.NewNS()
