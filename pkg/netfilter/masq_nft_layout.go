@@ -139,9 +139,6 @@ type MasqNFTables struct {
 
 var _ MasqBackend = (*MasqNFTables)(nil)
 
-// Close releases the netlink socket.
-func (b *MasqNFTables) Close() error { return b.s.Close() }
-
 // Apply implements MasqBackend: a repeated ADD replaces the owner's rules.
 func (b *MasqNFTables) Apply(_ context.Context, p MasqPlan) error {
 	if err := p.Validate(); err != nil {

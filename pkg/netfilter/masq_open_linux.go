@@ -20,22 +20,15 @@ import (
 // GC across both layouts, as the reference's DEL and GC do (a pod may have been made
 // with another backend or another binary).
 
-// ProbeMasq is ProbeHost plus, when both backends are there (only then does it change
-// the choice), whether the reference plugin could drive nftables (RefNFT).
-func ProbeMasq() MasqProbe {
-	p := MasqProbe{Probe: ProbeHost()}
-	if p.NFTables && p.IPTables {
-		p.RefNFT = refCanUseNFT()
-	}
-	return p
-}
-
 // OpenMasq returns the ipMasq backend for want (Auto probes the host, see PickMasq),
 // and the kind it chose.
 func OpenMasq(want Kind) (MasqBackend, Kind, error) {
 	p := MasqProbe{Probe: namedProbe(want)}
 	if !want.Named() {
-		p = ProbeMasq()
+		// RefNFT changes the choice only when both backends are there.
+		if p.Probe = ProbeHost(); p.NFTables && p.IPTables {
+			p.RefNFT = refCanUseNFT()
+		}
 	}
 	k, err := PickMasq(want, p)
 	if err != nil {
@@ -67,7 +60,8 @@ func RemoveMasq(ctx context.Context, o Owner, addrs []netip.Prefix) error {
 			need |= fam.bit()
 		}
 	}
-	errs = append(errs, (&MasqIPTables{hostXTLayout("masq")}).removeFamilies(ctx, o, addrs, need))
+	xt := &MasqIPTables{hostXTLayout("masq")}
+	errs = append(errs, xt.cleanup(need, func(fam Family) error { return xt.removeFamily(ctx, fam, o, addrs) }))
 	return errors.Join(errs...)
 }
 

@@ -68,11 +68,7 @@ func (b *MasqIPTables) Check(ctx context.Context, p MasqPlan) error {
 // one listing of POSTROUTING, one of the chain only when no jump leads to it, and one
 // restore when something is there.
 func (b *MasqIPTables) Remove(ctx context.Context, o Owner, addrs []netip.Prefix) error {
-	return b.removeFamilies(ctx, o, addrs, removalFamilies(addrs))
-}
-
-func (b *MasqIPTables) removeFamilies(ctx context.Context, o Owner, addrs []netip.Prefix, fams Families) error {
-	return b.cleanup(fams, func(fam Family) error { return b.removeFamily(ctx, fam, o, addrs) })
+	return b.cleanup(removalFamilies(addrs), func(fam Family) error { return b.removeFamily(ctx, fam, o, addrs) })
 }
 
 // removeFamily runs Remove for one family; the caller holds the lock.

@@ -177,7 +177,7 @@ func NewMasqOn(k Kind, xt XTables, nc NFTConn) MasqBackend {
 	return &MasqIPTables{xtLayout{xt, func() (func(), error) { return noLock("") }}}
 }
 
-// MasqProbe is what the host offers for ipMasq, as ProbeMasq finds it.
+// MasqProbe is what the host offers for ipMasq, as OpenMasq probes it.
 type MasqProbe struct {
 	Probe
 	// RefNFT says the reference plugin could use nftables here: an `nft` binary of

@@ -196,7 +196,10 @@ func (l *nftLayout) list(s *nftSocket, what string) ([]Object, error) {
 // gc removes, in one batch, the attachments Stale picks from list.
 func (l *nftLayout) gc(s *nftSocket, network string, keep cniplumb.Owners, ours func(hostIf string) bool) error {
 	objs, err := l.list(s, "")
-	stale := keys(Stale(objs, network, keep, ours))
+	stale := map[string]bool{}
+	for _, o := range Stale(objs, network, keep, ours) {
+		stale[o.Key] = true
+	}
 	if err != nil || len(stale) == 0 {
 		return err
 	}

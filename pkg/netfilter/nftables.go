@@ -19,10 +19,6 @@ import (
 // TableName is the nftables table of feature f: inet podwire_<name>.
 func TableName(f Feature) string { return "podwire_" + f.Name }
 
-func nftTable(f Feature) *nftables.Table {
-	return &nftables.Table{Name: TableName(f), Family: nftables.TableFamilyINet}
-}
-
 var nftHooks = map[string]nftables.ChainHook{
 	"prerouting":  unix.NF_INET_PRE_ROUTING,
 	"input":       unix.NF_INET_LOCAL_IN,
@@ -49,11 +45,6 @@ func nftChain(t *nftables.Table, h Hook) *nftables.Chain {
 // encodeTag stores t as the rule's comment, in the userdata format the nft tool
 // reads, so `nft list ruleset` shows it.
 func encodeTag(t Tag) []byte { return userdata.AppendString(nil, userdata.TypeComment, t.String()) }
-
-func decodeTag(ud []byte) (Tag, bool) {
-	s, _ := userdata.GetString(ud, userdata.TypeComment)
-	return ParseTag(s)
-}
 
 func cmpOp(neg bool) expr.CmpOp {
 	if neg {

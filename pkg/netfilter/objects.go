@@ -110,15 +110,6 @@ func Stale(objs []Object, network string, keep cniplumb.Owners, ours func(hostIf
 	return out
 }
 
-// keys returns the objects' keys as a set.
-func keys(objs []Object) map[string]bool {
-	out := map[string]bool{}
-	for _, o := range objs {
-		out[o.Key] = true
-	}
-	return out
-}
-
 // objects groups rules into Objects by backend and key, in order of first appearance.
 type objects struct {
 	out []Object
@@ -150,7 +141,7 @@ func (l *nftLayout) objects(st nftState, what string) []Object {
 		o := Object{What: what, Backend: "nftables", Key: k, layout: l.id, net: net}
 		switch l.id {
 		case byTag:
-			t, _ := decodeTag(r.UserData)
+			t, _ := ParseTag(ruleComment(r))
 			o.Owner = t.Owner
 		case byMasqNFT:
 			if ow, ok := parseMasqNFTComment(ruleComment(r)); ok && masqInstance(ow) == k {

@@ -30,9 +30,11 @@ type execXT struct {
 	ipts map[Family]*iptables.IPTables
 }
 
-func newExecXT() *execXT {
+// hostXT is the process's one xtables seam on the installed binaries, so each family's
+// binary is probed once however many backends a plugin opens.
+var hostXT = sync.OnceValue(func() *execXT {
 	return &execXT{lockWait: 5 * time.Second, attempts: 2, ipts: map[Family]*iptables.IPTables{}}
-}
+})
 
 func binaries(fam Family) (list, restore string) {
 	if fam == IPv6 {
