@@ -103,36 +103,29 @@ func GCMasq(ctx context.Context, network string, keep cniplumb.Owners) error {
 	})
 }
 
-// xtablesMode says which kernel interface an iptables binary drives.
-type xtablesMode int
-
+// The flavours of iptables binaries: which kernel interface they drive.
 const (
-	xtUnknown xtablesMode = iota
-	xtNFT                 // iptables-nft: rules in nf_tables tables ip/ip6 nat
-	xtLegacy              // iptables-legacy: rules in x_tables
+	flavourNFT    = "nf_tables" // iptables-nft: rules in nf_tables tables ip/ip6 nat
+	flavourLegacy = "legacy"    // iptables-legacy: rules in x_tables
 )
 
-// modeOfPath is modeOfBinary of the file path resolves to; xtUnknown when that
-// cannot be resolved.
-func modeOfPath(path string) xtablesMode {
-	resolved, err := filepath.EvalSymlinks(path)
-	if err != nil {
-		return xtUnknown
-	}
-	return modeOfBinary(resolved)
+// flavourOfPath is flavourOf the file path resolves to ("unknown" when that cannot be
+// resolved).
+func flavourOfPath(path string) string {
+	resolved, _ := filepath.EvalSymlinks(path)
+	return flavourOf(resolved)
 }
 
-// modeOfBinary tells the mode from the file the binary resolves to
+// flavourOf tells the flavour from the file the binary resolves to
 // (xtables-nft-multi, xtables-legacy-multi, iptables-nft, ...), without running it.
-func modeOfBinary(resolved string) xtablesMode {
-	base := filepath.Base(resolved)
-	switch {
+func flavourOf(resolved string) string {
+	switch base := filepath.Base(resolved); {
 	case strings.Contains(base, "nft"):
-		return xtNFT
+		return flavourNFT
 	case strings.Contains(base, "legacy"):
-		return xtLegacy
+		return flavourLegacy
 	}
-	return xtUnknown
+	return "unknown"
 }
 
 // xtablesMayHave reports whether chain may exist in fam's iptables nat table, as
@@ -150,11 +143,11 @@ func xtablesMayHave(nft *MasqNFTables, fam Family, chain string) (bool, error) {
 		}
 		return false, nil
 	}
-	switch modeOfPath(path) {
-	case xtNFT:
+	switch flavourOfPath(path) {
+	case flavourNFT:
 		exists, err := nft.xtablesChainExists(fam, chain)
 		return exists || err != nil, nil // an error: cannot tell, so list it
-	case xtLegacy:
+	case flavourLegacy:
 		return legacyNATInUse(fam), nil
 	}
 	return true, nil

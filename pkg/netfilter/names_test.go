@@ -303,17 +303,18 @@ func TestNFTVersionOK(t *testing.T) {
 	}
 }
 
-func TestModeOfBinary(t *testing.T) {
-	for path, want := range map[string]xtablesMode{
-		"/usr/sbin/xtables-nft-multi":    xtNFT,
-		"/usr/sbin/iptables-nft":         xtNFT,
-		"/usr/sbin/xtables-legacy-multi": xtLegacy,
-		"/sbin/iptables-legacy":          xtLegacy,
-		"/usr/sbin/iptables":             xtUnknown, // a real file of unknown flavour: list it
-		"/usr/sbin/xtables-multi":        xtUnknown,
+func TestFlavourOf(t *testing.T) {
+	for path, want := range map[string]string{
+		"/usr/sbin/xtables-nft-multi":    flavourNFT,
+		"/usr/sbin/iptables-nft":         flavourNFT,
+		"/usr/sbin/xtables-legacy-multi": flavourLegacy,
+		"/sbin/iptables-legacy":          flavourLegacy,
+		"/usr/sbin/iptables":             "unknown", // a real file of unknown flavour: list it
+		"/usr/sbin/xtables-multi":        "unknown",
+		"":                               "unknown", // not resolved
 	} {
-		if got := modeOfBinary(path); got != want {
-			t.Errorf("modeOfBinary(%s) = %d, want %d", path, got, want)
+		if got := flavourOf(path); got != want {
+			t.Errorf("flavourOf(%q) = %s, want %s", path, got, want)
 		}
 	}
 }
