@@ -94,9 +94,7 @@ func removeRefNFT(c NFTConn, containerID string) error {
 			}
 		}
 		if n > 0 {
-			if err := c.Flush(); err != nil {
-				errs = append(errs, fmt.Errorf("removing the reference portmap's nftables rules of %s: %w", containerID, err))
-			}
+			errs = append(errs, wrapf(c.Flush(), "removing the reference portmap's nftables rules of %s", containerID))
 		}
 	}
 	return errors.Join(errs...)

@@ -140,10 +140,7 @@ func (b *HostPortIPTables) Apply(ctx context.Context, p HostPortPlan) error {
 // and o's per-container chain even when no jump leads to it.
 func (b *HostPortIPTables) Remove(ctx context.Context, o Owner, fams Families) error {
 	return b.cleanup(fams, func(fam Family) error {
-		if err := b.removeFamily(ctx, fam, o); err != nil {
-			return fmt.Errorf("removing %s host ports: %w", fam, err)
-		}
-		return nil
+		return wrapf(b.removeFamily(ctx, fam, o), "removing %s host ports", fam)
 	})
 }
 
@@ -222,9 +219,6 @@ func (b *HostPortIPTables) GC(ctx context.Context, network string, keep cniplumb
 		if len(ch.removeIDs) == 0 && len(ch.chains) == 0 {
 			return nil
 		}
-		if err := b.change(ctx, fam, st, ch); err != nil {
-			return fmt.Errorf("collecting %s host ports of network %s: %w", fam, network, err)
-		}
-		return nil
+		return wrapf(b.change(ctx, fam, st, ch), "collecting %s host ports of network %s", fam, network)
 	})
 }

@@ -5,7 +5,6 @@ package netfilter
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"github.com/google/nftables"
 )
@@ -32,9 +31,7 @@ func forBackends(p Probe, fn func(Kind) error) error {
 	var errs []error
 	for _, k := range []Kind{KindNFTables, KindIPTables} {
 		if k == KindNFTables && p.NFTables || k == KindIPTables && p.IPTables {
-			if err := fn(k); err != nil {
-				errs = append(errs, fmt.Errorf("%s: %w", k, err))
-			}
+			errs = append(errs, wrapf(fn(k), "%s", k))
 		}
 	}
 	return errors.Join(errs...)

@@ -4,7 +4,6 @@ package netfilter
 
 import (
 	"context"
-	"fmt"
 	"net/netip"
 	"slices"
 
@@ -31,10 +30,7 @@ func (b *MasqIPTables) Apply(ctx context.Context, p MasqPlan) error {
 		if err != nil {
 			return err
 		}
-		if err := b.restore(ctx, fam, planMasqXTAdd(p, fam, own, post)); err != nil {
-			return fmt.Errorf("installing %s masquerade chain %s: %w", fam, chain, err)
-		}
-		return nil
+		return wrapf(b.restore(ctx, fam, planMasqXTAdd(p, fam, own, post)), "installing %s masquerade chain %s", fam, chain)
 	})
 }
 
@@ -92,10 +88,7 @@ func (b *MasqIPTables) removeFamily(ctx context.Context, fam Family, o Owner, ad
 			return err
 		}
 	}
-	if err := b.restore(ctx, fam, planMasqXTDel(chain, famAddrs, post.rules, own.exists)); err != nil {
-		return fmt.Errorf("removing %s masquerade chain %s of %s: %w", fam, chain, o, err)
-	}
-	return nil
+	return wrapf(b.restore(ctx, fam, planMasqXTDel(chain, famAddrs, post.rules, own.exists)), "removing %s masquerade chain %s of %s", fam, chain, o)
 }
 
 // GC implements MasqBackend: per installed family, one listing of POSTROUTING and one
@@ -112,9 +105,6 @@ func (b *MasqIPTables) GC(ctx context.Context, network string, keep cniplumb.Own
 			lines = append(lines, planMasqXTDel(o.Key, nil, post.rules, true)...)
 			stale = append(stale, o.Key)
 		}
-		if err := b.restore(ctx, fam, lines); err != nil {
-			return fmt.Errorf("removing stale %s masquerade chains of containers %v: %w", fam, stale, err)
-		}
-		return nil
+		return wrapf(b.restore(ctx, fam, lines), "removing stale %s masquerade chains of containers %v", fam, stale)
 	})
 }

@@ -272,10 +272,7 @@ func (l *nftLayout) apply(s *nftSocket, o Owner, add []*nftables.Rule) error {
 		for _, r := range add {
 			c.AddRule(r)
 		}
-		if err := c.Flush(); err != nil {
-			return fmt.Errorf("installing the rules of %s in %s: %w", o, l.what(), err)
-		}
-		return nil
+		return wrapf(c.Flush(), "installing the rules of %s in %s", o, l.what())
 	})
 }
 
@@ -323,10 +320,7 @@ func (l *nftLayout) remove(s *nftSocket, pick func(key, net string) bool, also .
 				}
 			}
 		}
-		if err := c.Flush(); err != nil {
-			return fmt.Errorf("removing rules from %s: %w", l.what(), err)
-		}
-		return nil
+		return wrapf(c.Flush(), "removing rules from %s", l.what())
 	})
 }
 
