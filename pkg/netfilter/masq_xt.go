@@ -4,6 +4,7 @@ package netfilter
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"slices"
 
@@ -45,16 +46,19 @@ func (b *MasqIPTables) listOwner(ctx context.Context, fam Family, chain string) 
 	return own, l.rules, err
 }
 
-// Check implements MasqBackend.
+// Check implements MasqBackend: an absent chain is IsNotFound; a missing rule is an
+// error naming what ADD would write.
 func (b *MasqIPTables) Check(ctx context.Context, p MasqPlan) error {
 	chain := MasqChain(p.Owner)
 	for _, fam := range p.Families().list() {
 		own, post, err := b.listOwner(ctx, fam, chain)
-		if err != nil {
+		switch missing := planMasqXTAdd(p, fam, own, post); {
+		case err != nil:
 			return err
-		}
-		if err := checkMasqXT(p, fam, own, post); err != nil {
-			return err
+		case !own.exists:
+			return notFound("%s: chain %s does not exist", fam, chain)
+		case len(missing) > 0:
+			return fmt.Errorf("%s: masquerade rule missing (ADD would write %q); run DEL and ADD again", fam, missing[0])
 		}
 	}
 	return nil
