@@ -116,7 +116,7 @@ func (b *HostPortIPTables) Apply(ctx context.Context, p HostPortPlan) error {
 		}
 	}
 	chain := HostPortChain(p.Owner.Network, p.Owner.ContainerID)
-	return b.apply(p.Families(), func(fam Family) error {
+	return b.forFamilies(p.Families(), false, func(fam Family) error {
 		st, err := b.listState(ctx, fam, p.masquerades(), true)
 		if err != nil {
 			return err
@@ -139,7 +139,7 @@ func (b *HostPortIPTables) Apply(ctx context.Context, p HostPortPlan) error {
 // container only, so this covers every interface of o's container in that network),
 // and o's per-container chain even when no jump leads to it.
 func (b *HostPortIPTables) Remove(ctx context.Context, o Owner, fams Families) error {
-	return b.cleanup(fams, func(fam Family) error {
+	return b.forFamilies(fams, true, func(fam Family) error {
 		return wrapf(b.removeFamily(ctx, fam, o), "removing %s host ports", fam)
 	})
 }
@@ -203,7 +203,7 @@ func (b *HostPortIPTables) Check(ctx context.Context, p HostPortPlan) error {
 // An attachment whose jumps someone flushed away is not found here; portmap's GC
 // removes it through its marker (Remove).
 func (b *HostPortIPTables) GC(ctx context.Context, network string, keep cniplumb.Owners) error {
-	return b.cleanup(All, func(fam Family) error {
+	return b.forFamilies(All, true, func(fam Family) error {
 		st, err := b.listState(ctx, fam, false, false)
 		if err != nil || !st.top.exists {
 			return err

@@ -61,7 +61,7 @@ func RemoveMasq(ctx context.Context, o Owner, addrs []netip.Prefix) error {
 		}
 	}
 	xt := &MasqIPTables{hostXTLayout("masq")}
-	errs = append(errs, xt.cleanup(need, func(fam Family) error { return xt.removeFamily(ctx, fam, o, addrs) }))
+	errs = append(errs, xt.forFamilies(need, true, func(fam Family) error { return xt.removeFamily(ctx, fam, o, addrs) }))
 	return errors.Join(errs...)
 }
 

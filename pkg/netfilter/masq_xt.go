@@ -26,7 +26,7 @@ func (b *MasqIPTables) Apply(ctx context.Context, p MasqPlan) error {
 		return err
 	}
 	chain := MasqChain(p.Owner)
-	return b.apply(p.Families(), func(fam Family) error {
+	return b.forFamilies(p.Families(), false, func(fam Family) error {
 		own, post, err := b.listOwner(ctx, fam, chain)
 		if err != nil {
 			return err
@@ -68,7 +68,7 @@ func (b *MasqIPTables) Check(ctx context.Context, p MasqPlan) error {
 // one listing of POSTROUTING, one of the chain only when no jump leads to it, and one
 // restore when something is there.
 func (b *MasqIPTables) Remove(ctx context.Context, o Owner, addrs []netip.Prefix) error {
-	return b.cleanup(removalFamilies(addrs), func(fam Family) error { return b.removeFamily(ctx, fam, o, addrs) })
+	return b.forFamilies(removalFamilies(addrs), true, func(fam Family) error { return b.removeFamily(ctx, fam, o, addrs) })
 }
 
 // removeFamily runs Remove for one family; the caller holds the lock.
@@ -99,7 +99,7 @@ func (b *MasqIPTables) removeFamily(ctx context.Context, fam Family, o Owner, ad
 // restore when something is stale. Chains no jump leads to are not found this way
 // (they are inert and go with their attachment's DEL).
 func (b *MasqIPTables) GC(ctx context.Context, network string, keep cniplumb.Owners) error {
-	return b.cleanup(All, func(fam Family) error {
+	return b.forFamilies(All, true, func(fam Family) error {
 		post, err := b.list(ctx, fam, masqPostrouting)
 		if err != nil {
 			return err
