@@ -64,7 +64,7 @@ func (b *HostPortNFTables) GC(ctx context.Context, network string, keep cniplumb
 func readRefHP(c NFTConn) (map[nftables.TableFamily][]*nftables.Rule, error) {
 	out := map[nftables.TableFamily][]*nftables.Rule{}
 	var errs []error
-	for _, fam := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6} {
+	for _, fam := range refNFTFamilies {
 		t, err := c.ListTableOfFamily(refNFTTable, fam)
 		if err != nil || t == nil {
 			continue

@@ -5,8 +5,6 @@ package netfilter
 import (
 	"context"
 	"errors"
-
-	"github.com/google/nftables"
 )
 
 // Lister reads every layout's Objects in every backend the node offers: what `podwire
@@ -57,9 +55,7 @@ func (l *Lister) List(ctx context.Context) ([]Object, error) {
 			}
 			ref, err := readRefHP(c)
 			done()
-			for _, fam := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6} {
-				out = append(out, refHPObjects(fam, ref[fam])...)
-			}
+			out = append(out, refHPObjects(ref)...)
 			return errors.Join(append(errs, err)...)
 		}
 		x := xtLayout{xt: l.xt}

@@ -174,8 +174,8 @@ func (b *MasqNFTables) xtablesChainExists(fam Family, chain string) (bool, error
 		return false, err
 	}
 	defer done()
-	tf := map[Family]nftables.TableFamily{IPv4: nftables.TableFamilyIPv4, IPv6: nftables.TableFamilyIPv6}[fam]
-	_, err = c.ListChain(&nftables.Table{Name: "nat", Family: tf}, chain)
+	// Table families are the NFPROTO_ numbers.
+	_, err = c.ListChain(&nftables.Table{Name: "nat", Family: nftables.TableFamily(nfprotos[fam])}, chain)
 	if err == nil || isNoEnt(err) {
 		return err == nil, nil
 	}

@@ -39,22 +39,20 @@ type MasqPlan struct {
 }
 
 // Families returns the families of the plan's addresses.
-func (p MasqPlan) Families() Families { return prefixFamilies(p.Addrs) }
+func (p MasqPlan) Families() Families {
+	var s Families
+	for _, a := range p.Addrs {
+		s |= FamilyOf(a.Addr()).bit()
+	}
+	return s
+}
 
 // removalFamilies are the families DEL looks in: those of addrs when known, else both.
 func removalFamilies(addrs []netip.Prefix) Families {
 	if len(addrs) == 0 {
 		return All
 	}
-	return prefixFamilies(addrs)
-}
-
-func prefixFamilies(addrs []netip.Prefix) Families {
-	var s Families
-	for _, a := range addrs {
-		s |= FamilyOf(a.Addr()).bit()
-	}
-	return s
+	return MasqPlan{Addrs: addrs}.Families()
 }
 
 // Validate reports a plan no backend could install; backends call it before touching

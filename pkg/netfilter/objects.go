@@ -11,9 +11,8 @@ import (
 )
 
 // The one read model of every layout: a layout's listing becomes Objects (pure, per
-// layout below), and Stale picks from them what GC removes. The backends' GC, the
-// Lister behind `podwire inspect`, `podwire gc --dry-run` and the agent's reclaim
-// counter all go through these functions, so a preview is what GC does.
+// layout below), and Stale picks from them what GC removes, for the backends' GC and
+// the Lister alike, so a preview is what GC does.
 
 // Object is one attachment's rules in one layout: the unit GC removes and inspect
 // lists.
@@ -215,13 +214,18 @@ const refNFTTable = "cni_hostport"
 
 var refNFTChains = []string{"hostports", "hostip_hostports", "masquerading"}
 
-// refHPObjects groups the cni_hostport rules of one family by container.
-func refHPObjects(fam nftables.TableFamily, rules []*nftables.Rule) []Object {
+// refNFTFamilies are the families of the cni_hostport tables, in listing order.
+var refNFTFamilies = []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6}
+
+// refHPObjects groups the cni_hostport rules of each family (readRefHP) by container.
+func refHPObjects(ref map[nftables.TableFamily][]*nftables.Rule) []Object {
 	var g objects
-	for _, r := range rules {
-		if cid := ruleComment(r); cid != "" {
-			g.add(Object{What: "hostports", Backend: "nftables " + NFTFamily(fam) + " " + refNFTTable, Key: cid,
-				Owner: Owner{ContainerID: cid}, layout: byRefHPNFT}, r.Chain.Name+": "+DescribeRule(r))
+	for _, fam := range refNFTFamilies {
+		for _, r := range ref[fam] {
+			if cid := ruleComment(r); cid != "" {
+				g.add(Object{What: "hostports", Backend: "nftables " + NFTFamily(fam) + " " + refNFTTable, Key: cid,
+					Owner: Owner{ContainerID: cid}, layout: byRefHPNFT}, r.Chain.Name+": "+DescribeRule(r))
+			}
 		}
 	}
 	return g.out
