@@ -181,7 +181,6 @@ func (b *HostPortIPTables) Check(ctx context.Context, p HostPortPlan) error {
 		if err := hpCheck(fam, p, st.top, dn); err != nil {
 			return err
 		}
-		entries := st.entries
 		want := []hpEntry{hpEntryPre, hpEntryOut}
 		if p.masquerades() {
 			if !st.masq.has("-A " + HostPortMasqChain + " " + hpMasqRule(p.Mark)) {
@@ -190,7 +189,7 @@ func (b *HostPortIPTables) Check(ctx context.Context, p HostPortPlan) error {
 			want = append(want, hpEntryPost)
 		}
 		for _, e := range want {
-			if !entries[e] {
+			if !st.entries[e] {
 				return fmt.Errorf("%s nat %s does not jump as portmap needs (%s); run DEL and ADD again", fam, e.builtin, e.rule)
 			}
 		}

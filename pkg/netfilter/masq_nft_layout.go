@@ -42,10 +42,14 @@ func addrField(f Family, dst bool) (off, n uint32) {
 	return off, n
 }
 
-// nftPrefixMatch compares an address field with p as nft compiles "ip daddr <p>": a
-// byte-aligned prefix loads just its bytes; any other loads the whole address and
-// masks it.
-func nftPrefixMatch(dst bool, p netip.Prefix, op expr.CmpOp) []expr.Any {
+// nftPrefixMatch compares an address field with p (neg: "!=") as nft compiles "ip
+// daddr <p>": a byte-aligned prefix loads just its bytes; any other loads the whole
+// address and masks it.
+func nftPrefixMatch(dst bool, p netip.Prefix, neg bool) []expr.Any {
+	op := expr.CmpOpEq
+	if neg {
+		op = expr.CmpOpNeq
+	}
 	f := FamilyOf(p.Addr())
 	off, n := addrField(f, dst)
 	p = p.Masked()
@@ -70,7 +74,7 @@ func nftPrefixMatch(dst bool, p netip.Prefix, op expr.CmpOp) []expr.Any {
 func masqNFTPostRules(t *nftables.Table, post *nftables.Chain) []*nftables.Rule {
 	var out []*nftables.Rule
 	for _, f := range []Family{IPv4, IPv6} {
-		e := append(nfproto(f), nftPrefixMatch(true, multicast[f], expr.CmpOpEq)...)
+		e := append(nfproto(f), nftPrefixMatch(true, multicast[f], false)...)
 		e = append(e, &expr.Verdict{Kind: expr.VerdictReturn})
 		out = append(out, &nftables.Rule{Table: t, Chain: post, Exprs: e})
 	}
@@ -81,8 +85,8 @@ func masqNFTPostRules(t *nftables.Table, post *nftables.Chain) []*nftables.Rule 
 // IPv6 addresses).
 func masqNFTRuleExprs(a netip.Prefix) []expr.Any {
 	e := nfproto(FamilyOf(a.Addr()))
-	e = append(e, nftPrefixMatch(false, hostPrefix(a.Addr()), expr.CmpOpEq)...)
-	e = append(e, nftPrefixMatch(true, a.Masked(), expr.CmpOpNeq)...)
+	e = append(e, nftPrefixMatch(false, hostPrefix(a.Addr()), false)...)
+	e = append(e, nftPrefixMatch(true, a.Masked(), true)...)
 	return append(e, &expr.Masq{})
 }
 

@@ -47,9 +47,8 @@ func OpenMasq(want Kind) (MasqBackend, Kind, error) {
 func RemoveMasq(ctx context.Context, o Owner, addrs []netip.Prefix) error {
 	var errs []error
 	nft := &MasqNFTables{s: hostNFTSocket()}
-	nftErr := nft.Remove(ctx, o, addrs)
-	if nftErr != nil && ProbeHost().NFTables {
-		errs = append(errs, nftErr)
+	if err := nft.Remove(ctx, o, addrs); err != nil && ProbeHost().NFTables {
+		errs = append(errs, err)
 	}
 	var need Families
 	chain := MasqChain(o)

@@ -46,13 +46,6 @@ func nftChain(t *nftables.Table, h Hook) *nftables.Chain {
 // reads, so `nft list ruleset` shows it.
 func encodeTag(t Tag) []byte { return userdata.AppendString(nil, userdata.TypeComment, t.String()) }
 
-func cmpOp(neg bool) expr.CmpOp {
-	if neg {
-		return expr.CmpOpNeq
-	}
-	return expr.CmpOpEq
-}
-
 func addrBytes(a netip.Addr) []byte { return a.Unmap().AsSlice() }
 
 var protoNums = map[Proto]byte{TCP: unix.IPPROTO_TCP, UDP: unix.IPPROTO_UDP, SCTP: unix.IPPROTO_SCTP}
@@ -76,10 +69,10 @@ func nftExprs(r Rule) ([]expr.Any, error) {
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifnameBytes(m.InIface)})
 	}
 	if m.Src.IsValid() {
-		e = append(e, nftPrefixMatch(false, m.Src, cmpOp(m.NotSrc))...)
+		e = append(e, nftPrefixMatch(false, m.Src, m.NotSrc)...)
 	}
 	if m.Dst.IsValid() {
-		e = append(e, nftPrefixMatch(true, m.Dst, cmpOp(m.NotDst))...)
+		e = append(e, nftPrefixMatch(true, m.Dst, m.NotDst)...)
 	}
 	if m.DstLocal {
 		e = append(e, &expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true},
