@@ -144,15 +144,12 @@ func masqInstance(o Owner) string {
 
 const masqInstanceLen = 16 + 1 + 16
 
-// masqNFTCommentMax is the longest rule comment the reference writes (knftables'
-// CommentLengthMax); longer ones are cut.
-const masqNFTCommentMax = 128
-
-// masqNFTComment is the reference's comment on o's masq_checks rules.
+// masqNFTComment is the reference's comment on o's masq_checks rules, cut to
+// nftMaxComment as knftables (CommentLengthMax) cuts it.
 func masqNFTComment(o Owner) string {
 	strip := func(s string) string { return strings.ReplaceAll(s, `"`, "") }
 	c := fmt.Sprintf("%s, net: %s, if: %s, id: %s", masqInstance(o), strip(o.Network), strip(o.IfName), strip(o.ContainerID))
-	return c[:min(len(c), masqNFTCommentMax)]
+	return c[:min(len(c), nftMaxComment)]
 }
 
 // MasqBackend installs and removes masquerades in the reference plugin's layout of

@@ -57,8 +57,8 @@ func TestMasqNamesMatchReference(t *testing.T) {
 	}
 	long := Owner{Network: strings.Repeat("n", 60), ContainerID: strings.Repeat("c", 64), IfName: `e"0`}
 	c := masqNFTComment(long)
-	if len(c) != masqNFTCommentMax || !strings.HasPrefix(c, masqInstance(long)+", net: nnn") || strings.Contains(c, `"`) {
-		t.Errorf("long comment %q: want cut at %d bytes, quotes stripped", c, masqNFTCommentMax)
+	if len(c) != nftMaxComment || !strings.HasPrefix(c, masqInstance(long)+", net: nnn") || strings.Contains(c, `"`) {
+		t.Errorf("long comment %q: want cut at %d bytes, quotes stripped", c, nftMaxComment)
 	}
 }
 

@@ -14,7 +14,7 @@ import (
 type Owner = cniplumb.Owner
 
 // maxTag bounds a tag to what `nft` shows as a comment (iptables allows 256).
-const maxTag = 128
+const maxTag = nftMaxComment
 
 const tagPrefix = "pw:"
 
