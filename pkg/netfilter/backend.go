@@ -109,6 +109,14 @@ func notFound(format string, a ...any) error {
 	return &kindError{kind: errNotFound, err: fmt.Errorf(format, a...)}
 }
 
+// wrapf is err with what failed in front (format and a), or nil when err is.
+func wrapf(err error, format string, a ...any) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf(format+": %w", append(a, err)...)
+}
+
 // busy marks err as a persistent lock and gives it code 11.
 func busy(what string, err error) error {
 	return &kindError{kind: errBusy, err: cniplumb.TryAgain(what, err)}

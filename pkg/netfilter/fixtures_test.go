@@ -101,7 +101,7 @@ func requireTags(t *testing.T, dump string, owners ...Owner) {
 			t.Errorf("tag %q does not parse", s)
 			continue
 		}
-		if !slices.ContainsFunc(owners, tag.Is) {
+		if !slices.ContainsFunc(owners, func(o netfilter.Owner) bool { return tag.ID == netfilter.IDOf(o) }) {
 			t.Errorf("tag %q names none of %v", s, owners)
 		}
 	}

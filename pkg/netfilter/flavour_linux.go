@@ -21,13 +21,7 @@ func ProbeIPTables(fam Family) IPTablesInfo {
 	if err != nil {
 		return IPTablesInfo{}
 	}
-	info := IPTablesInfo{Path: path, Flavour: "unknown"}
-	switch modeOfPath(path) {
-	case xtNFT:
-		info.Flavour = "nf_tables"
-	case xtLegacy:
-		info.Flavour = "legacy"
-	}
+	info := IPTablesInfo{Path: path, Flavour: flavourOfPath(path)}
 	if ipt, err := hostXT().ipt(fam); err == nil {
 		a, b, c := ipt.GetIptablesVersion()
 		info.Version = strconv.Itoa(a) + "." + strconv.Itoa(b) + "." + strconv.Itoa(c)

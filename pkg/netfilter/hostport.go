@@ -132,17 +132,10 @@ func (p HostPortPlan) dnatMatch(m HostPort, local bool) (Match, error) {
 		if !mt.Dst.IsValid() {
 			mt.Dst, mt.NotDst = c.Dst, c.NotDst
 		} else if c.Dst.Contains(mt.Dst.Addr()) == c.NotDst {
-			return Match{}, fmt.Errorf("host port %d: hostIP %s is excluded by the %s destination condition %s; the mapping could never match", m.HostPort, m.HostIP, m.Family(), condText(c))
+			return Match{}, fmt.Errorf("host port %d: hostIP %s is excluded by the %s destination condition %s%s; the mapping could never match", m.HostPort, m.HostIP, m.Family(), map[bool]string{true: "!= "}[c.NotDst], c.Dst)
 		}
 	}
 	return mt, nil
-}
-
-func condText(c Match) string {
-	if c.NotDst {
-		return "!= " + c.Dst.String()
-	}
-	return c.Dst.String()
 }
 
 var localhost4 = netip.MustParsePrefix("127.0.0.1/32")

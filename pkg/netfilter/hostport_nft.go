@@ -64,7 +64,7 @@ func (b *HostPortNFTables) GC(ctx context.Context, network string, keep cniplumb
 func readRefHP(c NFTConn) (map[nftables.TableFamily][]*nftables.Rule, error) {
 	out := map[nftables.TableFamily][]*nftables.Rule{}
 	var errs []error
-	for _, fam := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6} {
+	for _, fam := range refNFTFamilies {
 		t, err := c.ListTableOfFamily(refNFTTable, fam)
 		if err != nil || t == nil {
 			continue
@@ -94,9 +94,7 @@ func removeRefNFT(c NFTConn, containerID string) error {
 			}
 		}
 		if n > 0 {
-			if err := c.Flush(); err != nil {
-				errs = append(errs, fmt.Errorf("removing the reference portmap's nftables rules of %s: %w", containerID, err))
-			}
+			errs = append(errs, wrapf(c.Flush(), "removing the reference portmap's nftables rules of %s", containerID))
 		}
 	}
 	return errors.Join(errs...)

@@ -116,7 +116,7 @@ func (b *HostPortIPTables) Apply(ctx context.Context, p HostPortPlan) error {
 		}
 	}
 	chain := HostPortChain(p.Owner.Network, p.Owner.ContainerID)
-	return b.apply(p.Families(), func(fam Family) error {
+	return b.forFamilies(p.Families(), false, func(fam Family) error {
 		st, err := b.listState(ctx, fam, p.masquerades(), true)
 		if err != nil {
 			return err
@@ -139,11 +139,8 @@ func (b *HostPortIPTables) Apply(ctx context.Context, p HostPortPlan) error {
 // container only, so this covers every interface of o's container in that network),
 // and o's per-container chain even when no jump leads to it.
 func (b *HostPortIPTables) Remove(ctx context.Context, o Owner, fams Families) error {
-	return b.cleanup(fams, func(fam Family) error {
-		if err := b.removeFamily(ctx, fam, o); err != nil {
-			return fmt.Errorf("removing %s host ports: %w", fam, err)
-		}
-		return nil
+	return b.forFamilies(fams, true, func(fam Family) error {
+		return wrapf(b.removeFamily(ctx, fam, o), "removing %s host ports", fam)
 	})
 }
 
@@ -184,7 +181,6 @@ func (b *HostPortIPTables) Check(ctx context.Context, p HostPortPlan) error {
 		if err := hpCheck(fam, p, st.top, dn); err != nil {
 			return err
 		}
-		entries := st.entries
 		want := []hpEntry{hpEntryPre, hpEntryOut}
 		if p.masquerades() {
 			if !st.masq.has("-A " + HostPortMasqChain + " " + hpMasqRule(p.Mark)) {
@@ -193,7 +189,7 @@ func (b *HostPortIPTables) Check(ctx context.Context, p HostPortPlan) error {
 			want = append(want, hpEntryPost)
 		}
 		for _, e := range want {
-			if !entries[e] {
+			if !st.entries[e] {
 				return fmt.Errorf("%s nat %s does not jump as portmap needs (%s); run DEL and ADD again", fam, e.builtin, e.rule)
 			}
 		}
@@ -206,7 +202,7 @@ func (b *HostPortIPTables) Check(ctx context.Context, p HostPortPlan) error {
 // An attachment whose jumps someone flushed away is not found here; portmap's GC
 // removes it through its marker (Remove).
 func (b *HostPortIPTables) GC(ctx context.Context, network string, keep cniplumb.Owners) error {
-	return b.cleanup(All, func(fam Family) error {
+	return b.forFamilies(All, true, func(fam Family) error {
 		st, err := b.listState(ctx, fam, false, false)
 		if err != nil || !st.top.exists {
 			return err
@@ -222,9 +218,6 @@ func (b *HostPortIPTables) GC(ctx context.Context, network string, keep cniplumb
 		if len(ch.removeIDs) == 0 && len(ch.chains) == 0 {
 			return nil
 		}
-		if err := b.change(ctx, fam, st, ch); err != nil {
-			return fmt.Errorf("collecting %s host ports of network %s: %w", fam, network, err)
-		}
-		return nil
+		return wrapf(b.change(ctx, fam, st, ch), "collecting %s host ports of network %s", fam, network)
 	})
 }

@@ -5,9 +5,6 @@ package netfilter
 import (
 	"context"
 	"errors"
-	"fmt"
-
-	"github.com/google/nftables"
 )
 
 // Lister reads every layout's Objects in every backend the node offers: what `podwire
@@ -32,9 +29,7 @@ func forBackends(p Probe, fn func(Kind) error) error {
 	var errs []error
 	for _, k := range []Kind{KindNFTables, KindIPTables} {
 		if k == KindNFTables && p.NFTables || k == KindIPTables && p.IPTables {
-			if err := fn(k); err != nil {
-				errs = append(errs, fmt.Errorf("%s: %w", k, err))
-			}
+			errs = append(errs, wrapf(fn(k), "%s", k))
 		}
 	}
 	return errors.Join(errs...)
@@ -60,9 +55,7 @@ func (l *Lister) List(ctx context.Context) ([]Object, error) {
 			}
 			ref, err := readRefHP(c)
 			done()
-			for _, fam := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6} {
-				out = append(out, refHPObjects(fam, ref[fam])...)
-			}
+			out = append(out, refHPObjects(ref)...)
 			return errors.Join(append(errs, err)...)
 		}
 		x := xtLayout{xt: l.xt}

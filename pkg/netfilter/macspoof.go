@@ -156,9 +156,6 @@ type MacSpoof struct {
 // without podwire's lock files.
 func NewMacSpoofOn(c NFTConn) *MacSpoof { return &MacSpoof{s: nftSocketOn(c)} }
 
-// Close releases the netlink socket; the backend may be used again afterwards.
-func (b *MacSpoof) Close() error { return b.s.Close() }
-
 // Apply installs p, replacing what p.Owner had. An invalid plan fails before anything
 // changes.
 func (b *MacSpoof) Apply(_ context.Context, p MacSpoofPlan) error {

@@ -25,45 +25,27 @@ func addrsOf(fam Family, addrs []netip.Prefix) []netip.Prefix {
 	return out
 }
 
-// masqXTChainRules are o's chain's rules for family fam as the reference writes them
-// and `iptables -S` prints them: an ACCEPT per subnet, then a MASQUERADE.
-func masqXTChainRules(o Owner, fam Family, addrs []netip.Prefix) []string {
-	chain, c := MasqChain(o), xtQuote(masqComment(o))
-	var out []string
-	seen := map[netip.Prefix]bool{}
-	for _, a := range addrsOf(fam, addrs) {
-		if n := a.Masked(); !seen[n] {
-			seen[n] = true
-			out = append(out, fmt.Sprintf("-A %s -d %s -m comment --comment %s -j ACCEPT", chain, n, c))
-		}
-	}
-	if len(out) > 0 {
-		out = append(out, fmt.Sprintf("-A %s ! -d %s -m comment --comment %s -j MASQUERADE", chain, multicast[fam], c))
-	}
-	return out
-}
-
-// masqXTJumps are the POSTROUTING jumps into o's chain, one per address of fam.
-func masqXTJumps(o Owner, fam Family, addrs []netip.Prefix) []string {
-	chain, c := MasqChain(o), xtQuote(masqComment(o))
-	var out []string
-	for _, a := range addrsOf(fam, addrs) {
-		out = append(out, fmt.Sprintf("-A %s -s %s -m comment --comment %s -j %s", masqPostrouting, hostPrefix(a.Addr()), c, chain))
-	}
-	return out
-}
-
 // planMasqXTAdd returns the restore lines that give family fam of p's owner every rule
 // of p, given the listings of the owner's chain and of POSTROUTING (not needed when
-// the chain does not exist: then no jump to it can either). Rules already there stay;
-// missing subnet ACCEPTs go in front of the MASQUERADE.
+// the chain does not exist: then no jump to it can either); none when all are there,
+// which is what CHECK asks. The rules are the reference's as `iptables -S` prints
+// them: in the chain an ACCEPT per subnet, then a MASQUERADE; in POSTROUTING a jump
+// per address. Rules already there stay; missing ACCEPTs go in front of the MASQUERADE.
 func planMasqXTAdd(p MasqPlan, fam Family, own chainListing, post []xtRule) []string {
-	rules := masqXTChainRules(p.Owner, fam, p.Addrs)
-	jumps := masqXTJumps(p.Owner, fam, p.Addrs)
+	name, c := MasqChain(p.Owner), xtQuote(masqComment(p.Owner))
+	var rules, jumps []string
+	seen := map[netip.Prefix]bool{}
+	for _, a := range addrsOf(fam, p.Addrs) {
+		if n := a.Masked(); !seen[n] {
+			seen[n] = true
+			rules = append(rules, fmt.Sprintf("-A %s -d %s -m comment --comment %s -j ACCEPT", name, n, c))
+		}
+		jumps = append(jumps, fmt.Sprintf("-A %s -s %s -m comment --comment %s -j %s", masqPostrouting, hostPrefix(a.Addr()), c, name))
+	}
 	if len(rules) == 0 {
 		return nil
 	}
-	name := MasqChain(p.Owner)
+	rules = append(rules, fmt.Sprintf("-A %s ! -d %s -m comment --comment %s -j MASQUERADE", name, multicast[fam], c))
 	if !own.exists {
 		return append(append([]string{":" + name + " - [0:0]"}, rules...), jumps...)
 	}
@@ -117,24 +99,4 @@ func fromAny(src netip.Prefix, addrs []netip.Prefix) bool {
 	return src.IsValid() && slices.ContainsFunc(addrs, func(a netip.Prefix) bool {
 		return src == hostPrefix(a.Addr()) || src == a.Masked()
 	})
-}
-
-// checkMasqXT compares family fam of p with the listings: an absent chain is
-// IsNotFound; a missing rule or jump is an error naming it.
-func checkMasqXT(p MasqPlan, fam Family, own chainListing, post []xtRule) error {
-	name := MasqChain(p.Owner)
-	if !own.exists {
-		return notFound("%s: chain %s does not exist", fam, name)
-	}
-	for _, want := range masqXTChainRules(p.Owner, fam, p.Addrs) {
-		if !own.has(want) {
-			return fmt.Errorf("%s: rule %q is missing; run DEL and ADD again", fam, want)
-		}
-	}
-	for _, want := range masqXTJumps(p.Owner, fam, p.Addrs) {
-		if !containsRule(post, want) {
-			return fmt.Errorf("%s: jump %q is missing; run DEL and ADD again", fam, want)
-		}
-	}
-	return nil
 }

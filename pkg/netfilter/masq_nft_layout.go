@@ -42,10 +42,14 @@ func addrField(f Family, dst bool) (off, n uint32) {
 	return off, n
 }
 
-// nftPrefixMatch compares an address field with p as nft compiles "ip daddr <p>": a
-// byte-aligned prefix loads just its bytes; any other loads the whole address and
-// masks it.
-func nftPrefixMatch(dst bool, p netip.Prefix, op expr.CmpOp) []expr.Any {
+// nftPrefixMatch compares an address field with p (neg: "!=") as nft compiles "ip
+// daddr <p>": a byte-aligned prefix loads just its bytes; any other loads the whole
+// address and masks it.
+func nftPrefixMatch(dst bool, p netip.Prefix, neg bool) []expr.Any {
+	op := expr.CmpOpEq
+	if neg {
+		op = expr.CmpOpNeq
+	}
 	f := FamilyOf(p.Addr())
 	off, n := addrField(f, dst)
 	p = p.Masked()
@@ -70,7 +74,7 @@ func nftPrefixMatch(dst bool, p netip.Prefix, op expr.CmpOp) []expr.Any {
 func masqNFTPostRules(t *nftables.Table, post *nftables.Chain) []*nftables.Rule {
 	var out []*nftables.Rule
 	for _, f := range []Family{IPv4, IPv6} {
-		e := append(nfproto(f), nftPrefixMatch(true, multicast[f], expr.CmpOpEq)...)
+		e := append(nfproto(f), nftPrefixMatch(true, multicast[f], false)...)
 		e = append(e, &expr.Verdict{Kind: expr.VerdictReturn})
 		out = append(out, &nftables.Rule{Table: t, Chain: post, Exprs: e})
 	}
@@ -81,8 +85,8 @@ func masqNFTPostRules(t *nftables.Table, post *nftables.Chain) []*nftables.Rule 
 // IPv6 addresses).
 func masqNFTRuleExprs(a netip.Prefix) []expr.Any {
 	e := nfproto(FamilyOf(a.Addr()))
-	e = append(e, nftPrefixMatch(false, hostPrefix(a.Addr()), expr.CmpOpEq)...)
-	e = append(e, nftPrefixMatch(true, a.Masked(), expr.CmpOpNeq)...)
+	e = append(e, nftPrefixMatch(false, hostPrefix(a.Addr()), false)...)
+	e = append(e, nftPrefixMatch(true, a.Masked(), true)...)
 	return append(e, &expr.Masq{})
 }
 
@@ -139,9 +143,6 @@ type MasqNFTables struct {
 
 var _ MasqBackend = (*MasqNFTables)(nil)
 
-// Close releases the netlink socket.
-func (b *MasqNFTables) Close() error { return b.s.Close() }
-
 // Apply implements MasqBackend: a repeated ADD replaces the owner's rules.
 func (b *MasqNFTables) Apply(_ context.Context, p MasqPlan) error {
 	if err := p.Validate(); err != nil {
@@ -177,8 +178,8 @@ func (b *MasqNFTables) xtablesChainExists(fam Family, chain string) (bool, error
 		return false, err
 	}
 	defer done()
-	tf := map[Family]nftables.TableFamily{IPv4: nftables.TableFamilyIPv4, IPv6: nftables.TableFamilyIPv6}[fam]
-	_, err = c.ListChain(&nftables.Table{Name: "nat", Family: tf}, chain)
+	// Table families are the NFPROTO_ numbers.
+	_, err = c.ListChain(&nftables.Table{Name: "nat", Family: nftables.TableFamily(nfprotos[fam])}, chain)
 	if err == nil || isNoEnt(err) {
 		return err == nil, nil
 	}

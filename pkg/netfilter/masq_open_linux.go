@@ -20,22 +20,15 @@ import (
 // GC across both layouts, as the reference's DEL and GC do (a pod may have been made
 // with another backend or another binary).
 
-// ProbeMasq is ProbeHost plus, when both backends are there (only then does it change
-// the choice), whether the reference plugin could drive nftables (RefNFT).
-func ProbeMasq() MasqProbe {
-	p := MasqProbe{Probe: ProbeHost()}
-	if p.NFTables && p.IPTables {
-		p.RefNFT = refCanUseNFT()
-	}
-	return p
-}
-
 // OpenMasq returns the ipMasq backend for want (Auto probes the host, see PickMasq),
 // and the kind it chose.
 func OpenMasq(want Kind) (MasqBackend, Kind, error) {
 	p := MasqProbe{Probe: namedProbe(want)}
 	if !want.Named() {
-		p = ProbeMasq()
+		// RefNFT changes the choice only when both backends are there.
+		if p.Probe = ProbeHost(); p.NFTables && p.IPTables {
+			p.RefNFT = refCanUseNFT()
+		}
 	}
 	k, err := PickMasq(want, p)
 	if err != nil {
@@ -54,9 +47,8 @@ func OpenMasq(want Kind) (MasqBackend, Kind, error) {
 func RemoveMasq(ctx context.Context, o Owner, addrs []netip.Prefix) error {
 	var errs []error
 	nft := &MasqNFTables{s: hostNFTSocket()}
-	nftErr := nft.Remove(ctx, o, addrs)
-	if nftErr != nil && ProbeHost().NFTables {
-		errs = append(errs, nftErr)
+	if err := nft.Remove(ctx, o, addrs); err != nil && ProbeHost().NFTables {
+		errs = append(errs, err)
 	}
 	var need Families
 	chain := MasqChain(o)
@@ -67,7 +59,8 @@ func RemoveMasq(ctx context.Context, o Owner, addrs []netip.Prefix) error {
 			need |= fam.bit()
 		}
 	}
-	errs = append(errs, (&MasqIPTables{hostXTLayout("masq")}).removeFamilies(ctx, o, addrs, need))
+	xt := &MasqIPTables{hostXTLayout("masq")}
+	errs = append(errs, xt.forFamilies(need, true, func(fam Family) error { return xt.removeFamily(ctx, fam, o, addrs) }))
 	return errors.Join(errs...)
 }
 
@@ -109,36 +102,29 @@ func GCMasq(ctx context.Context, network string, keep cniplumb.Owners) error {
 	})
 }
 
-// xtablesMode says which kernel interface an iptables binary drives.
-type xtablesMode int
-
+// The flavours of iptables binaries: which kernel interface they drive.
 const (
-	xtUnknown xtablesMode = iota
-	xtNFT                 // iptables-nft: rules in nf_tables tables ip/ip6 nat
-	xtLegacy              // iptables-legacy: rules in x_tables
+	flavourNFT    = "nf_tables" // iptables-nft: rules in nf_tables tables ip/ip6 nat
+	flavourLegacy = "legacy"    // iptables-legacy: rules in x_tables
 )
 
-// modeOfPath is modeOfBinary of the file path resolves to; xtUnknown when that
-// cannot be resolved.
-func modeOfPath(path string) xtablesMode {
-	resolved, err := filepath.EvalSymlinks(path)
-	if err != nil {
-		return xtUnknown
-	}
-	return modeOfBinary(resolved)
+// flavourOfPath is flavourOf the file path resolves to ("unknown" when that cannot be
+// resolved).
+func flavourOfPath(path string) string {
+	resolved, _ := filepath.EvalSymlinks(path)
+	return flavourOf(resolved)
 }
 
-// modeOfBinary tells the mode from the file the binary resolves to
+// flavourOf tells the flavour from the file the binary resolves to
 // (xtables-nft-multi, xtables-legacy-multi, iptables-nft, ...), without running it.
-func modeOfBinary(resolved string) xtablesMode {
-	base := filepath.Base(resolved)
-	switch {
+func flavourOf(resolved string) string {
+	switch base := filepath.Base(resolved); {
 	case strings.Contains(base, "nft"):
-		return xtNFT
+		return flavourNFT
 	case strings.Contains(base, "legacy"):
-		return xtLegacy
+		return flavourLegacy
 	}
-	return xtUnknown
+	return "unknown"
 }
 
 // xtablesMayHave reports whether chain may exist in fam's iptables nat table, as
@@ -156,11 +142,11 @@ func xtablesMayHave(nft *MasqNFTables, fam Family, chain string) (bool, error) {
 		}
 		return false, nil
 	}
-	switch modeOfPath(path) {
-	case xtNFT:
+	switch flavourOfPath(path) {
+	case flavourNFT:
 		exists, err := nft.xtablesChainExists(fam, chain)
 		return exists || err != nil, nil // an error: cannot tell, so list it
-	case xtLegacy:
+	case flavourLegacy:
 		return legacyNATInUse(fam), nil
 	}
 	return true, nil

@@ -26,15 +26,12 @@ func (b *MasqIPTables) Apply(ctx context.Context, p MasqPlan) error {
 		return err
 	}
 	chain := MasqChain(p.Owner)
-	return b.apply(p.Families(), func(fam Family) error {
+	return b.forFamilies(p.Families(), false, func(fam Family) error {
 		own, post, err := b.listOwner(ctx, fam, chain)
 		if err != nil {
 			return err
 		}
-		if err := b.restore(ctx, fam, planMasqXTAdd(p, fam, own, post)); err != nil {
-			return fmt.Errorf("installing %s masquerade chain %s: %w", fam, chain, err)
-		}
-		return nil
+		return wrapf(b.restore(ctx, fam, planMasqXTAdd(p, fam, own, post)), "installing %s masquerade chain %s", fam, chain)
 	})
 }
 
@@ -49,16 +46,19 @@ func (b *MasqIPTables) listOwner(ctx context.Context, fam Family, chain string) 
 	return own, l.rules, err
 }
 
-// Check implements MasqBackend.
+// Check implements MasqBackend: an absent chain is IsNotFound; a missing rule is an
+// error naming what ADD would write.
 func (b *MasqIPTables) Check(ctx context.Context, p MasqPlan) error {
 	chain := MasqChain(p.Owner)
 	for _, fam := range p.Families().list() {
 		own, post, err := b.listOwner(ctx, fam, chain)
-		if err != nil {
+		switch missing := planMasqXTAdd(p, fam, own, post); {
+		case err != nil:
 			return err
-		}
-		if err := checkMasqXT(p, fam, own, post); err != nil {
-			return err
+		case !own.exists:
+			return notFound("%s: chain %s does not exist", fam, chain)
+		case len(missing) > 0:
+			return fmt.Errorf("%s: masquerade rule missing (ADD would write %q); run DEL and ADD again", fam, missing[0])
 		}
 	}
 	return nil
@@ -68,11 +68,7 @@ func (b *MasqIPTables) Check(ctx context.Context, p MasqPlan) error {
 // one listing of POSTROUTING, one of the chain only when no jump leads to it, and one
 // restore when something is there.
 func (b *MasqIPTables) Remove(ctx context.Context, o Owner, addrs []netip.Prefix) error {
-	return b.removeFamilies(ctx, o, addrs, removalFamilies(addrs))
-}
-
-func (b *MasqIPTables) removeFamilies(ctx context.Context, o Owner, addrs []netip.Prefix, fams Families) error {
-	return b.cleanup(fams, func(fam Family) error { return b.removeFamily(ctx, fam, o, addrs) })
+	return b.forFamilies(removalFamilies(addrs), true, func(fam Family) error { return b.removeFamily(ctx, fam, o, addrs) })
 }
 
 // removeFamily runs Remove for one family; the caller holds the lock.
@@ -96,17 +92,14 @@ func (b *MasqIPTables) removeFamily(ctx context.Context, fam Family, o Owner, ad
 			return err
 		}
 	}
-	if err := b.restore(ctx, fam, planMasqXTDel(chain, famAddrs, post.rules, own.exists)); err != nil {
-		return fmt.Errorf("removing %s masquerade chain %s of %s: %w", fam, chain, o, err)
-	}
-	return nil
+	return wrapf(b.restore(ctx, fam, planMasqXTDel(chain, famAddrs, post.rules, own.exists)), "removing %s masquerade chain %s of %s", fam, chain, o)
 }
 
 // GC implements MasqBackend: per installed family, one listing of POSTROUTING and one
 // restore when something is stale. Chains no jump leads to are not found this way
 // (they are inert and go with their attachment's DEL).
 func (b *MasqIPTables) GC(ctx context.Context, network string, keep cniplumb.Owners) error {
-	return b.cleanup(All, func(fam Family) error {
+	return b.forFamilies(All, true, func(fam Family) error {
 		post, err := b.list(ctx, fam, masqPostrouting)
 		if err != nil {
 			return err
@@ -116,9 +109,6 @@ func (b *MasqIPTables) GC(ctx context.Context, network string, keep cniplumb.Own
 			lines = append(lines, planMasqXTDel(o.Key, nil, post.rules, true)...)
 			stale = append(stale, o.Key)
 		}
-		if err := b.restore(ctx, fam, lines); err != nil {
-			return fmt.Errorf("removing stale %s masquerade chains of containers %v: %w", fam, stale, err)
-		}
-		return nil
+		return wrapf(b.restore(ctx, fam, lines), "removing stale %s masquerade chains of containers %v", fam, stale)
 	})
 }

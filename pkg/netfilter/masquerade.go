@@ -39,22 +39,20 @@ type MasqPlan struct {
 }
 
 // Families returns the families of the plan's addresses.
-func (p MasqPlan) Families() Families { return prefixFamilies(p.Addrs) }
+func (p MasqPlan) Families() Families {
+	var s Families
+	for _, a := range p.Addrs {
+		s |= FamilyOf(a.Addr()).bit()
+	}
+	return s
+}
 
 // removalFamilies are the families DEL looks in: those of addrs when known, else both.
 func removalFamilies(addrs []netip.Prefix) Families {
 	if len(addrs) == 0 {
 		return All
 	}
-	return prefixFamilies(addrs)
-}
-
-func prefixFamilies(addrs []netip.Prefix) Families {
-	var s Families
-	for _, a := range addrs {
-		s |= FamilyOf(a.Addr()).bit()
-	}
-	return s
+	return MasqPlan{Addrs: addrs}.Families()
 }
 
 // Validate reports a plan no backend could install; backends call it before touching
@@ -146,15 +144,12 @@ func masqInstance(o Owner) string {
 
 const masqInstanceLen = 16 + 1 + 16
 
-// masqNFTCommentMax is the longest rule comment the reference writes (knftables'
-// CommentLengthMax); longer ones are cut.
-const masqNFTCommentMax = 128
-
-// masqNFTComment is the reference's comment on o's masq_checks rules.
+// masqNFTComment is the reference's comment on o's masq_checks rules, cut to
+// nftMaxComment as knftables (CommentLengthMax) cuts it.
 func masqNFTComment(o Owner) string {
 	strip := func(s string) string { return strings.ReplaceAll(s, `"`, "") }
 	c := fmt.Sprintf("%s, net: %s, if: %s, id: %s", masqInstance(o), strip(o.Network), strip(o.IfName), strip(o.ContainerID))
-	return c[:min(len(c), masqNFTCommentMax)]
+	return c[:min(len(c), nftMaxComment)]
 }
 
 // MasqBackend installs and removes masquerades in the reference plugin's layout of
@@ -177,7 +172,7 @@ func NewMasqOn(k Kind, xt XTables, nc NFTConn) MasqBackend {
 	return &MasqIPTables{xtLayout{xt, func() (func(), error) { return noLock("") }}}
 }
 
-// MasqProbe is what the host offers for ipMasq, as ProbeMasq finds it.
+// MasqProbe is what the host offers for ipMasq, as OpenMasq probes it.
 type MasqProbe struct {
 	Probe
 	// RefNFT says the reference plugin could use nftables here: an `nft` binary of

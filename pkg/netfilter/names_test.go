@@ -57,8 +57,8 @@ func TestMasqNamesMatchReference(t *testing.T) {
 	}
 	long := Owner{Network: strings.Repeat("n", 60), ContainerID: strings.Repeat("c", 64), IfName: `e"0`}
 	c := masqNFTComment(long)
-	if len(c) != masqNFTCommentMax || !strings.HasPrefix(c, masqInstance(long)+", net: nnn") || strings.Contains(c, `"`) {
-		t.Errorf("long comment %q: want cut at %d bytes, quotes stripped", c, masqNFTCommentMax)
+	if len(c) != nftMaxComment || !strings.HasPrefix(c, masqInstance(long)+", net: nnn") || strings.Contains(c, `"`) {
+		t.Errorf("long comment %q: want cut at %d bytes, quotes stripped", c, nftMaxComment)
 	}
 }
 
@@ -140,7 +140,7 @@ func TestTagRoundTrip(t *testing.T) {
 	if !ok || got != tag {
 		t.Fatalf("ParseTag(%q) = %+v, %v; want %+v", s, got, ok, tag)
 	}
-	if !got.Is(ownerA) || got.Is(ownerB) || !got.InNetwork("net1") || got.InNetwork("net2") {
+	if got.ID != IDOf(ownerA) || got.ID == IDOf(ownerB) || got.NetworkHash != hash8("net1") || got.NetworkHash == hash8("net2") {
 		t.Errorf("ownership predicates wrong for %+v", got)
 	}
 	long := Owner{Network: strings.Repeat("n", 90), ContainerID: strings.Repeat("c", 64), IfName: "eth0"}
@@ -149,12 +149,12 @@ func TestTagRoundTrip(t *testing.T) {
 		t.Errorf("tag of a long owner is %d bytes", len(lt.String()))
 	}
 	back, ok := ParseTag(lt.String())
-	if !ok || !back.Is(long) || back.Owner != (Owner{}) || !back.InNetwork(long.Network) {
+	if !ok || back.ID != IDOf(long) || back.Owner != (Owner{}) || back.NetworkHash != hash8(long.Network) {
 		t.Errorf("long-owner tag %q parsed as %+v", lt, back)
 	}
 	// A key that does not hash to the ID (a forged or cut one) is not believed.
 	forged, ok := ParseTag(strings.Replace(s, "net1/aaaa/eth0", "net1/bbbb/eth0", 1))
-	if !ok || forged.Owner != (Owner{}) || !forged.Is(ownerA) {
+	if !ok || forged.Owner != (Owner{}) || forged.ID != IDOf(ownerA) {
 		t.Errorf("forged key parsed as %+v", forged)
 	}
 	for _, bad := range []string{"", "KUBE-MARK", "pw:zz", "pw:12345678:0123456789abcdef", `name: "x" id: "y"`} {
@@ -303,17 +303,18 @@ func TestNFTVersionOK(t *testing.T) {
 	}
 }
 
-func TestModeOfBinary(t *testing.T) {
-	for path, want := range map[string]xtablesMode{
-		"/usr/sbin/xtables-nft-multi":    xtNFT,
-		"/usr/sbin/iptables-nft":         xtNFT,
-		"/usr/sbin/xtables-legacy-multi": xtLegacy,
-		"/sbin/iptables-legacy":          xtLegacy,
-		"/usr/sbin/iptables":             xtUnknown, // a real file of unknown flavour: list it
-		"/usr/sbin/xtables-multi":        xtUnknown,
+func TestFlavourOf(t *testing.T) {
+	for path, want := range map[string]string{
+		"/usr/sbin/xtables-nft-multi":    flavourNFT,
+		"/usr/sbin/iptables-nft":         flavourNFT,
+		"/usr/sbin/xtables-legacy-multi": flavourLegacy,
+		"/sbin/iptables-legacy":          flavourLegacy,
+		"/usr/sbin/iptables":             "unknown", // a real file of unknown flavour: list it
+		"/usr/sbin/xtables-multi":        "unknown",
+		"":                               "unknown", // not resolved
 	} {
-		if got := modeOfBinary(path); got != want {
-			t.Errorf("modeOfBinary(%s) = %d, want %d", path, got, want)
+		if got := flavourOf(path); got != want {
+			t.Errorf("flavourOf(%q) = %s, want %s", path, got, want)
 		}
 	}
 }

@@ -196,7 +196,10 @@ func (l *nftLayout) list(s *nftSocket, what string) ([]Object, error) {
 // gc removes, in one batch, the attachments Stale picks from list.
 func (l *nftLayout) gc(s *nftSocket, network string, keep cniplumb.Owners, ours func(hostIf string) bool) error {
 	objs, err := l.list(s, "")
-	stale := keys(Stale(objs, network, keep, ours))
+	stale := map[string]bool{}
+	for _, o := range Stale(objs, network, keep, ours) {
+		stale[o.Key] = true
+	}
 	if err != nil || len(stale) == 0 {
 		return err
 	}
@@ -269,10 +272,7 @@ func (l *nftLayout) apply(s *nftSocket, o Owner, add []*nftables.Rule) error {
 		for _, r := range add {
 			c.AddRule(r)
 		}
-		if err := c.Flush(); err != nil {
-			return fmt.Errorf("installing the rules of %s in %s: %w", o, l.what(), err)
-		}
-		return nil
+		return wrapf(c.Flush(), "installing the rules of %s in %s", o, l.what())
 	})
 }
 
@@ -320,10 +320,7 @@ func (l *nftLayout) remove(s *nftSocket, pick func(key, net string) bool, also .
 				}
 			}
 		}
-		if err := c.Flush(); err != nil {
-			return fmt.Errorf("removing rules from %s: %w", l.what(), err)
-		}
-		return nil
+		return wrapf(c.Flush(), "removing rules from %s", l.what())
 	})
 }
 

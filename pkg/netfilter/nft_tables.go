@@ -27,13 +27,13 @@ func (b *NFTables) Close() error { return b.s.Close() }
 
 // featureLayout is f's table: a base chain per hook, owners named by their tags.
 func featureLayout(f Feature) *nftLayout {
-	t := nftTable(f)
+	t := &nftables.Table{Name: TableName(f), Family: nftables.TableFamilyINet}
 	l := &nftLayout{
 		id:    byTag,
 		table: t,
 		key:   tagKey,
 		ruleKey: func(r *nftables.Rule) (string, string, bool) {
-			tag, ok := decodeTag(r.UserData)
+			tag, ok := ParseTag(ruleComment(r))
 			return string(tag.ID), tag.NetworkHash, ok
 		},
 	}

@@ -19,10 +19,6 @@ import (
 // TableName is the nftables table of feature f: inet podwire_<name>.
 func TableName(f Feature) string { return "podwire_" + f.Name }
 
-func nftTable(f Feature) *nftables.Table {
-	return &nftables.Table{Name: TableName(f), Family: nftables.TableFamilyINet}
-}
-
 var nftHooks = map[string]nftables.ChainHook{
 	"prerouting":  unix.NF_INET_PRE_ROUTING,
 	"input":       unix.NF_INET_LOCAL_IN,
@@ -50,18 +46,6 @@ func nftChain(t *nftables.Table, h Hook) *nftables.Chain {
 // reads, so `nft list ruleset` shows it.
 func encodeTag(t Tag) []byte { return userdata.AppendString(nil, userdata.TypeComment, t.String()) }
 
-func decodeTag(ud []byte) (Tag, bool) {
-	s, _ := userdata.GetString(ud, userdata.TypeComment)
-	return ParseTag(s)
-}
-
-func cmpOp(neg bool) expr.CmpOp {
-	if neg {
-		return expr.CmpOpNeq
-	}
-	return expr.CmpOpEq
-}
-
 func addrBytes(a netip.Addr) []byte { return a.Unmap().AsSlice() }
 
 var protoNums = map[Proto]byte{TCP: unix.IPPROTO_TCP, UDP: unix.IPPROTO_UDP, SCTP: unix.IPPROTO_SCTP}
@@ -85,10 +69,10 @@ func nftExprs(r Rule) ([]expr.Any, error) {
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifnameBytes(m.InIface)})
 	}
 	if m.Src.IsValid() {
-		e = append(e, nftPrefixMatch(false, m.Src, cmpOp(m.NotSrc))...)
+		e = append(e, nftPrefixMatch(false, m.Src, m.NotSrc)...)
 	}
 	if m.Dst.IsValid() {
-		e = append(e, nftPrefixMatch(true, m.Dst, cmpOp(m.NotDst))...)
+		e = append(e, nftPrefixMatch(true, m.Dst, m.NotDst)...)
 	}
 	if m.DstLocal {
 		e = append(e, &expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true},

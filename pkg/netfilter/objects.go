@@ -11,9 +11,8 @@ import (
 )
 
 // The one read model of every layout: a layout's listing becomes Objects (pure, per
-// layout below), and Stale picks from them what GC removes. The backends' GC, the
-// Lister behind `podwire inspect`, `podwire gc --dry-run` and the agent's reclaim
-// counter all go through these functions, so a preview is what GC does.
+// layout below), and Stale picks from them what GC removes, for the backends' GC and
+// the Lister alike, so a preview is what GC does.
 
 // Object is one attachment's rules in one layout: the unit GC removes and inspect
 // lists.
@@ -110,15 +109,6 @@ func Stale(objs []Object, network string, keep cniplumb.Owners, ours func(hostIf
 	return out
 }
 
-// keys returns the objects' keys as a set.
-func keys(objs []Object) map[string]bool {
-	out := map[string]bool{}
-	for _, o := range objs {
-		out[o.Key] = true
-	}
-	return out
-}
-
 // objects groups rules into Objects by backend and key, in order of first appearance.
 type objects struct {
 	out []Object
@@ -150,7 +140,7 @@ func (l *nftLayout) objects(st nftState, what string) []Object {
 		o := Object{What: what, Backend: "nftables", Key: k, layout: l.id, net: net}
 		switch l.id {
 		case byTag:
-			t, _ := decodeTag(r.UserData)
+			t, _ := ParseTag(ruleComment(r))
 			o.Owner = t.Owner
 		case byMasqNFT:
 			if ow, ok := parseMasqNFTComment(ruleComment(r)); ok && masqInstance(ow) == k {
@@ -224,13 +214,18 @@ const refNFTTable = "cni_hostport"
 
 var refNFTChains = []string{"hostports", "hostip_hostports", "masquerading"}
 
-// refHPObjects groups the cni_hostport rules of one family by container.
-func refHPObjects(fam nftables.TableFamily, rules []*nftables.Rule) []Object {
+// refNFTFamilies are the families of the cni_hostport tables, in listing order.
+var refNFTFamilies = []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6}
+
+// refHPObjects groups the cni_hostport rules of each family (readRefHP) by container.
+func refHPObjects(ref map[nftables.TableFamily][]*nftables.Rule) []Object {
 	var g objects
-	for _, r := range rules {
-		if cid := ruleComment(r); cid != "" {
-			g.add(Object{What: "hostports", Backend: "nftables " + NFTFamily(fam) + " " + refNFTTable, Key: cid,
-				Owner: Owner{ContainerID: cid}, layout: byRefHPNFT}, r.Chain.Name+": "+DescribeRule(r))
+	for _, fam := range refNFTFamilies {
+		for _, r := range ref[fam] {
+			if cid := ruleComment(r); cid != "" {
+				g.add(Object{What: "hostports", Backend: "nftables " + NFTFamily(fam) + " " + refNFTTable, Key: cid,
+					Owner: Owner{ContainerID: cid}, layout: byRefHPNFT}, r.Chain.Name+": "+DescribeRule(r))
+			}
 		}
 	}
 	return g.out

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/google/nftables"
@@ -58,10 +57,6 @@ func LockFile(path string) (unlock func(), err error) {
 	}
 	return func() { unix.Close(fd) }, nil
 }
-
-// hostXT is the process's one xtables seam on the installed binaries, so each family's
-// binary is probed once however many backends a plugin opens.
-var hostXT = sync.OnceValue(newExecXT)
 
 // hostXTLayout is an iptables layout on the installed binaries, with its lock file.
 func hostXTLayout(layout string) xtLayout {

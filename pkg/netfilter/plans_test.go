@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 )
 
@@ -306,7 +307,7 @@ func TestNFTExprs(t *testing.T) {
 		t.Error("nftables accepted a jump into an iptables chain")
 	}
 	tag := tagFor(ownerA, bad)
-	if got, ok := decodeTag(encodeTag(tag)); !ok || got != tag {
+	if got, ok := ParseTag(ruleComment(&nftables.Rule{UserData: encodeTag(tag)})); !ok || got != tag {
 		t.Errorf("userdata round trip: %+v %v", got, ok)
 	}
 }

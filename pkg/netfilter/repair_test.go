@@ -281,7 +281,7 @@ func TestHostileNames(t *testing.T) {
 		}
 		tag, ok := netfilter.ParseTag(c)
 		for _, o := range hostileOwners {
-			if ok && tag.Is(o) && (tag.Owner == Owner{} || strings.HasSuffix(c, " "+o.Key())) {
+			if ok && tag.ID == netfilter.IDOf(o) && (tag.Owner == Owner{} || strings.HasSuffix(c, " "+o.Key())) {
 				return true
 			}
 		}

@@ -14,7 +14,7 @@ import (
 type Owner = cniplumb.Owner
 
 // maxTag bounds a tag to what `nft` shows as a comment (iptables allows 256).
-const maxTag = 128
+const maxTag = nftMaxComment
 
 const tagPrefix = "pw:"
 
@@ -80,12 +80,6 @@ type OwnerID string
 
 // IDOf returns o's ID.
 func IDOf(o Owner) OwnerID { return OwnerID(o.Hash()[:16]) }
-
-// Is reports whether the tag belongs to o.
-func (t Tag) Is(o Owner) bool { return t.ID == IDOf(o) }
-
-// InNetwork reports whether the tag belongs to an attachment of the named network.
-func (t Tag) InNetwork(network string) bool { return t.NetworkHash == hash8(network) }
 
 // tagKey is an owner's key in the layouts that tag their rules: its ID.
 func tagKey(o Owner) string { return string(IDOf(o)) }

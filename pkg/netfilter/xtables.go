@@ -61,32 +61,18 @@ func (b xtLayout) restore(ctx context.Context, fam Family, lines []string) error
 	return b.xt.Restore(ctx, fam, "*nat\n"+strings.Join(lines, "\n")+"\nCOMMIT\n")
 }
 
-// apply runs fn for each family of fams under the lock and stops at the first error.
-func (b xtLayout) apply(fams Families, fn func(Family) error) error {
-	unlock, err := b.lock()
-	if err != nil {
-		return err
-	}
-	defer unlock()
+// forFamilies runs fn under the lock for each family of fams. ADD stops at the first
+// error. DEL and GC (cleanup) skip a family whose tools are missing (nothing made
+// rules there, or can remove them; with none, no lock is taken) and go on after an
+// error: they are best-effort and report every failure.
+func (b xtLayout) forFamilies(fams Families, cleanup bool, fn func(Family) error) error {
+	var todo []Family
 	for _, fam := range fams.list() {
-		if err := fn(fam); err != nil {
-			return err
+		if !cleanup || b.xt.Installed(fam) {
+			todo = append(todo, fam)
 		}
 	}
-	return nil
-}
-
-// cleanup runs fn under the lock for each family of fams whose tools are installed
-// (without them nothing made rules, or can remove them; with none, no lock is taken)
-// and goes on after an error: DEL and GC are best-effort and report every failure.
-func (b xtLayout) cleanup(fams Families, fn func(Family) error) error {
-	var present []Family
-	for _, fam := range fams.list() {
-		if b.xt.Installed(fam) {
-			present = append(present, fam)
-		}
-	}
-	if len(present) == 0 {
+	if len(todo) == 0 {
 		return nil
 	}
 	unlock, err := b.lock()
@@ -95,8 +81,10 @@ func (b xtLayout) cleanup(fams Families, fn func(Family) error) error {
 	}
 	defer unlock()
 	var errs []error
-	for _, fam := range present {
-		errs = append(errs, fn(fam))
+	for _, fam := range todo {
+		if errs = append(errs, fn(fam)); !cleanup && errs[len(errs)-1] != nil {
+			break
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -30,9 +30,11 @@ type execXT struct {
 	ipts map[Family]*iptables.IPTables
 }
 
-func newExecXT() *execXT {
+// hostXT is the process's one xtables seam on the installed binaries, so each family's
+// binary is probed once however many backends a plugin opens.
+var hostXT = sync.OnceValue(func() *execXT {
 	return &execXT{lockWait: 5 * time.Second, attempts: 2, ipts: map[Family]*iptables.IPTables{}}
-}
+})
 
 func binaries(fam Family) (list, restore string) {
 	if fam == IPv6 {
@@ -101,17 +103,10 @@ func (x *execXT) List(ctx context.Context, fam Family, table, chain string) (lin
 func (x *execXT) Has(ctx context.Context, fam Family, table, chain string, rule []string) (ok bool, err error) {
 	what := fmt.Sprintf("checking %s %s chain %s", fam, table, chain)
 	err = x.withIPT(fam, what, func(h *iptables.IPTables) (err error) { ok, err = h.Exists(table, chain, rule...); return err })
-	if isMissingChain(err) || isMissingTarget(err) {
+	if isMissingChain(err) {
 		return false, nil // a rule jumping to a chain that does not exist is not there
 	}
 	return ok, err
-}
-
-// isMissingTarget recognizes -C of a rule whose target chain does not exist
-// (iptables-legacy: "Couldn't load target").
-func isMissingTarget(err error) bool {
-	var ie *iptables.Error
-	return errors.As(err, &ie) && strings.Contains(ie.Error(), "Couldn't load target")
 }
 
 func (x *execXT) Restore(ctx context.Context, fam Family, script string) error {
@@ -155,14 +150,15 @@ func isLockBusy(err error) bool {
 
 // isMissingChain recognizes a listing or -C of a chain that does not exist: legacy
 // iptables says "No chain/target/match by that name", iptables-nft (1.8.x) that the
-// chain "is incompatible" when its table or chain is absent.
+// chain "is incompatible" when its table or chain is absent; and a -C of a rule whose
+// target chain does not exist (iptables-legacy: "Couldn't load target").
 func isMissingChain(err error) bool {
 	var ie *iptables.Error
 	if !errors.As(err, &ie) {
 		return false
 	}
 	msg := ie.Error()
-	return strings.Contains(msg, "No chain/target/match by that name") ||
+	return strings.Contains(msg, "No chain/target/match by that name") || strings.Contains(msg, "Couldn't load target") ||
 		strings.Contains(msg, "does not exist") ||
 		(strings.Contains(msg, "chain `") && strings.Contains(msg, "is incompatible"))
 }
