@@ -65,7 +65,7 @@ func TestConfExamples(t *testing.T) {
 				}
 			}
 			// Usable as they are on containerd 1.6 and 1.7, whose libcni 1.1.x knows
-			// cniVersion up to 1.0.0 (README, "cniVersion and runtimes").
+			// cniVersion up to 1.0.0 (docs/runtimes.md).
 			if v, _ := list["cniVersion"].(string); !slices.Contains([]string{"0.3.1", "0.4.0", "1.0.0"}, v) {
 				t.Errorf("%s has cniVersion %q; containerd 1.6 and 1.7 refuse every pod above 1.0.0: use 1.0.0", file, v)
 			}

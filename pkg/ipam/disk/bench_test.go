@@ -94,7 +94,7 @@ func BenchmarkDel(b *testing.B) {
 
 // BenchmarkReference measures the same ADD and DEL with the reference host-local's
 // own disk backend (its GetByID and ReleaseByID read every lease file), for the
-// README's comparison. The allocation loop around it mirrors the reference
+// comparison in docs/performance.md. The allocation loop around it mirrors the reference
 // allocator's Get: refuse a duplicate, then Reserve round-robin from the last address.
 // At 10,000 leases one call takes about half a second, so it runs only with
 // PODWIRE_BENCH_REFERENCE=1, and briefly: -bench Reference -benchtime=10x.
