@@ -5,6 +5,7 @@ package integration
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
@@ -50,6 +51,10 @@ func TestBridgeIPv6Sysctls(t *testing.T) {
 	}
 	h.Run(p, "ip", "link", "set", "eth0", "down")
 	h.Run(p, "ip", "link", "set", "eth0", "up")
+	// The veth's carrier comes back asynchronously (linkwatch, up to a second on a busy
+	// machine), and until it does the kernel has no usable IPv6 source address on eth0:
+	// wait for it before the ping below.
+	waitCarrier(t, h, p, "eth0")
 	if out := h.Run(p, "ip", "-6", "-o", "addr", "show", "dev", "eth0"); !strings.Contains(out, a6+"/64") {
 		t.Errorf("eth0 lost %s across a link flap:\n%s", a6, out)
 	}
@@ -63,4 +68,19 @@ func TestBridgeIPv6Sysctls(t *testing.T) {
 		t.Errorf("CHECK: %v", err)
 	}
 	h.MustDel(list, rt)
+}
+
+// waitCarrier waits until dev in n is up with its carrier and no address of it is
+// tentative.
+func waitCarrier(t *testing.T, h *nstest.H, n ns.NetNS, dev string) {
+	t.Helper()
+	var out string
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		link := h.Run(n, "ip", "-o", "link", "show", "dev", dev)
+		out = link + h.Run(n, "ip", "-o", "addr", "show", "dev", dev, "tentative")
+		if strings.Contains(link, "LOWER_UP") && !strings.Contains(out, "tentative") {
+			return
+		}
+	}
+	t.Fatalf("%s not up with its carrier after 10s:\n%s", dev, out)
 }
