@@ -43,6 +43,9 @@ type Image struct {
 	Name       string // full reference, e.g. "podwire.test/pause:e2e"
 	Entrypoint []string
 	Files      []File
+	// Layer, when set, is the layer as an uncompressed tar (a whole root filesystem),
+	// used instead of Files.
+	Layer []byte
 }
 
 // descriptor is an OCI content descriptor.
@@ -143,9 +146,12 @@ func WriteOCIArchive(w io.Writer, img Image) error {
 	if img.Name == "" || len(img.Entrypoint) == 0 {
 		return fmt.Errorf("image needs a name and an entrypoint")
 	}
-	layer, err := layerTar(img.Files)
-	if err != nil {
-		return err
+	layer := img.Layer
+	if layer == nil {
+		var err error
+		if layer, err = layerTar(img.Files); err != nil {
+			return err
+		}
 	}
 	// The layer is uncompressed, so its digest is also its diff ID.
 	layerDigest := digest(layer)
