@@ -61,8 +61,8 @@ var (
 		kubeProgram("kube-scheduler", "k8s.io/kubernetes/cmd/kube-scheduler"),
 		kubeProgram("kubectl", "k8s.io/kubernetes/cmd/kubectl"),
 		kubeProgram("agnhost", "k8s.io/kubernetes/test/images/agnhost"),
-		{"e2e.test", kubeModule, "k8s.io/kubernetes/test/e2e", "k8s.io/kubernetes", KubernetesVersion, true},
 	}
+	e2eProgram = program{"e2e.test", kubeModule, "k8s.io/kubernetes/test/e2e", "k8s.io/kubernetes", KubernetesVersion, true}
 )
 
 // Ensure returns etcd and kube-apiserver, built once into
@@ -79,12 +79,17 @@ func Ensure(repo string) (Binaries, error) {
 }
 
 // EnsureCluster is Ensure for every program a cluster runs: etcd, kube-apiserver,
-// kube-controller-manager, kube-scheduler, kubelet, kube-proxy, kubectl, agnhost and
-// e2e.test. It returns the directory that holds them, each under its own name. A cold
-// build takes about an hour of CPU on 2 cores (the kubelet alone ~17 CPU-minutes);
-// once the packages are in Go's build cache, relinking one program takes a minute.
-func EnsureCluster(repo string) (string, error) {
-	return ensure(repo, append([]program{etcdProgram, apiServer}, clusterPrograms...))
+// kube-controller-manager, kube-scheduler, kubelet, kube-proxy, kubectl, agnhost and,
+// with e2e, the conformance binary e2e.test. It returns the directory that holds them,
+// each under its own name. A cold build takes about an hour of CPU on 2 cores (the
+// kubelet alone ~17 CPU-minutes, e2e.test ~7 more); once the packages are in Go's
+// build cache, relinking one program takes a minute.
+func EnsureCluster(repo string, e2e bool) (string, error) {
+	progs := append([]program{etcdProgram, apiServer}, clusterPrograms...)
+	if e2e {
+		progs = append(progs, e2eProgram)
+	}
+	return ensure(repo, progs)
 }
 
 func ensure(repo string, progs []program) (string, error) {
@@ -143,6 +148,11 @@ func build(src, dir string, p program) error {
 	if err := os.Rename(tmp.Name(), out); err != nil {
 		return fmt.Errorf("installing %s into %s: %w", p.name, dir, err)
 	}
+	if p.dep == "k8s.io/kubernetes" {
+		if err := os.WriteFile(out+".ldflags", []byte(stamp(out)), 0o644); err != nil {
+			return err
+		}
+	}
 	if !current(out, p) {
 		return fmt.Errorf("%s built from %s does not carry %s %s", out, cmd.Dir, p.dep, p.version)
 	}
@@ -157,8 +167,13 @@ func current(file string, p program) bool {
 	}
 	// kube-apiserver's main package is k8s.io/kubernetes's (Main); etcd's main is ours,
 	// etcd a dependency.
-	if p.dep == "k8s.io/kubernetes" && !strings.Contains(setting(info, "-ldflags"), "version.gitVersion="+p.version) {
-		return false // built without the version ldflags: it reports v0.0.0-master
+	if p.dep == "k8s.io/kubernetes" {
+		// -trimpath keeps -ldflags out of the build info, so a stamp beside the binary
+		// says it was built with the version ldflags (without them it reports
+		// v0.0.0-master).
+		if b, err := os.ReadFile(file + ".ldflags"); err != nil || string(b) != stamp(file) {
+			return false
+		}
 	}
 	for _, d := range append([]*debug.Module{&info.Main}, info.Deps...) {
 		if d.Path == p.dep {
@@ -168,13 +183,15 @@ func current(file string, p program) bool {
 	return false
 }
 
-func setting(info *debug.BuildInfo, key string) string {
-	for _, s := range info.Settings {
-		if s.Key == key {
-			return s.Value
-		}
+
+// stamp is the version ldflags and the binary's size and modification time: a binary
+// another build put in its place later (without the ldflags) no longer matches.
+func stamp(file string) string {
+	st, err := os.Stat(file)
+	if err != nil {
+		return ""
 	}
-	return ""
+	return fmt.Sprintf("%s\n%d %d\n", versionLDFlags, st.Size(), st.ModTime().UnixNano())
 }
 
 func tail(s string, n int) string {

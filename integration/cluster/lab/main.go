@@ -1,0 +1,76 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Command lab brings podwire's Kubernetes lab up and down (make cluster, make
+// cluster-down): see package integration/cluster.
+//
+//	go run ./integration/cluster/lab up      # PROXY_MODE=iptables|nftables NODES=1|2 LAB_DIR=/tmp/podwire-lab
+//	go run ./integration/cluster/lab down
+//	go run ./integration/cluster/lab snapshot > before.txt   # the machine's state the lab must leave as it was
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"syscall"
+
+	"github.com/podwire/podwire/integration/cluster"
+)
+
+func main() {
+	flag.Usage = func() {
+		fmt.Fprintln(os.Stderr, "usage: lab up|down|snapshot   (environment: PROXY_MODE, NODES, LAB_DIR, LAB_E2E=0)")
+	}
+	flag.Parse()
+	if err := runCmd(flag.Arg(0)); err != nil {
+		fmt.Fprintln(os.Stderr, "lab:", err)
+		os.Exit(1)
+	}
+}
+
+func runCmd(verb string) error {
+	repo, err := os.Getwd()
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(filepath.Join(repo, "integration", "cluster")); err != nil {
+		return fmt.Errorf("run the lab from podwire's checkout (make cluster): %w", err)
+	}
+	c := cluster.DefaultConfig(repo)
+	if v := os.Getenv("LAB_DIR"); v != "" {
+		c.Dir = v
+	}
+	if v := os.Getenv("PROXY_MODE"); v != "" {
+		c.ProxyMode = v
+	}
+	if v := os.Getenv("NODES"); v != "" {
+		if c.Nodes, err = strconv.Atoi(v); err != nil {
+			return fmt.Errorf("NODES=%q: a number, 1 or 2", v)
+		}
+	}
+	if os.Getenv("LAB_E2E") == "0" {
+		c.E2E = false // no conformance binary: a quicker first build
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	switch verb {
+	case "up":
+		_, err := cluster.Up(ctx, c, os.Stdout)
+		return err
+	case "down":
+		return cluster.Down(c.Dir, os.Stdout)
+	case "snapshot":
+		snap, err := cluster.MachineSnapshot(c.Prefix)
+		if err != nil {
+			return err
+		}
+		fmt.Print(snap)
+		return nil
+	}
+	flag.Usage()
+	return fmt.Errorf("unknown verb %q", verb)
+}
