@@ -183,7 +183,6 @@ func current(file string, p program) bool {
 	return false
 }
 
-
 // stamp is the version ldflags and the binary's size and modification time: a binary
 // another build put in its place later (without the ldflags) no longer matches.
 func stamp(file string) string {
