@@ -37,8 +37,8 @@ func TestLab(t *testing.T) {
 	p := needLab(t)
 	for _, mode := range proxyModes() {
 		t.Run(mode, func(t *testing.T) {
-			var err error
-			if p, err = SetProxyMode(p.Dir, mode); err != nil {
+			p, err := SetProxyMode(p.Dir, mode)
+			if err != nil {
 				t.Fatal(err)
 			}
 			checks(t, p)
@@ -50,7 +50,7 @@ func checks(t *testing.T, p Plan) {
 	n1, n2 := p.Nodes[0], p.Nodes[len(p.Nodes)-1]
 	before := map[string]nodestate.Snapshot{}
 	for _, n := range p.Nodes {
-		before[n.Name] = nodeSnapshot(t, n)
+		before[n.Name] = settledSnapshot(t, n)
 	}
 	f := newFixture(t, p)
 	f.run(agnhost("srv1", n1.Name, map[string]string{"app": "srv1"}),
@@ -134,6 +134,23 @@ func checks(t *testing.T, p Plan) {
 			}
 		}
 	})
+}
+
+// settledSnapshot is nodeSnapshot once two taken 3 s apart agree: a kube-proxy just
+// restarted in another mode is still replacing the other mode's rules.
+func settledSnapshot(t *testing.T, n Node) nodestate.Snapshot {
+	t.Helper()
+	prev := nodeSnapshot(t, n)
+	for i := 0; i < 20; i++ {
+		time.Sleep(3 * time.Second)
+		cur := nodeSnapshot(t, n)
+		if nodestate.Diff(prev, cur) == "" {
+			return cur
+		}
+		prev = cur
+	}
+	t.Fatalf("node %s's rules did not settle within a minute", n.Name)
+	return nil
 }
 
 // nodeSnapshot is the node's network state and its host-local leases.

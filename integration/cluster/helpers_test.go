@@ -46,7 +46,7 @@ func TestMain(m *testing.M) {
 		c.Dir, c.Prefix = "/tmp/podwire-lab-test", "pwlt"
 		c.Segment = netip.MustParsePrefix("10.252.0.0/24")
 		if v := os.Getenv("NODES"); v == "1" {
-			c.Nodes = 1
+			c.NodeCount = 1
 		}
 		// The smoke needs no conformance binary (~7 CPU-minutes of build).
 		c.E2E = os.Getenv("LAB_E2E") == "1"

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -27,14 +28,18 @@ type ImageArchive struct {
 	Names []string
 }
 
-// agnhostPackages are what agnhost's specs exec beside agnhost itself: sh and the small
-// tools (busybox-static, a static binary), curl, nc, dig and ss. Their dependencies come
+// agnhostPackages are what agnhost's specs exec beside agnhost itself: sh (dash: busybox's
+// sh runs its own applets before PATH, and its nc has no -u), the small tools
+// (busybox-static, a static binary), curl, nc, dig and ss. Their dependencies come
 // from apt; agnhostSkip are dependencies of maintainer scripts, never run here.
 var (
-	agnhostPackages = []string{"busybox-static", "curl", "bind9-dnsutils", "iproute2", "netcat-openbsd"}
+	agnhostPackages = []string{"dash", "busybox-static", "curl", "bind9-dnsutils", "iproute2", "netcat-openbsd"}
 	agnhostSkip     = map[string]bool{"debconf": true, "cdebconf": true, "dpkg": true, "install-info": true, "tar": true,
 		"libdebian-installer4": true, "libnewt0.52": true, "libslang2": true, "libtextwrap1": true}
 )
+
+// agnhostRecipe changes the cache key whenever the way the rootfs is put together does.
+const agnhostRecipe = "agnhost-rootfs-3"
 
 // imageCache is where built image archives are kept between runs.
 func (p Plan) imageCache() string { return filepath.Join(p.Repo, ".cache", "kube", "images") }
@@ -104,7 +109,7 @@ func agnhostImage(p Plan, ref string) (string, error) {
 		return "", err
 	}
 	h := sha256.New()
-	fmt.Fprintln(h, ref, strings.Join(pkgs, " "))
+	fmt.Fprintln(h, agnhostRecipe, ref, strings.Join(pkgs, " "))
 	h.Write(agnhost)
 	out := filepath.Join(p.imageCache(), "agnhost-"+hex.EncodeToString(h.Sum(nil))[:16]+".oci.tar")
 	if _, err := os.Stat(out); err == nil {
@@ -146,7 +151,15 @@ func agnhostImage(p Plan, ref string) (string, error) {
 			return "", err
 		}
 	}
-	// sh and the other small tools are busybox applets.
+	// update-alternatives (a maintainer script, not run here) would point nc at
+	// netcat-openbsd; busybox's nc has no -u.
+	if err := os.Symlink("nc.openbsd", filepath.Join(root, "usr", "bin", "nc")); err != nil {
+		return "", err
+	}
+	if err := os.Symlink("dash", filepath.Join(root, "usr", "bin", "sh")); err != nil && !errors.Is(err, os.ErrExist) {
+		return "", err
+	}
+	// The other small tools (ls, cat, grep, ...) are busybox applets.
 	list, err := run(filepath.Join(root, "bin", "busybox"), "--list")
 	if err != nil {
 		return "", err
@@ -198,6 +211,11 @@ func agnhostImage(p Plan, ref string) (string, error) {
 	tmp := out + ".tmp"
 	if err := os.WriteFile(tmp, buf.Bytes(), 0o644); err != nil {
 		return "", err
+	}
+	// Older builds (another agnhost or package version) are never used again.
+	old, _ := filepath.Glob(filepath.Join(p.imageCache(), "agnhost-*.oci.tar"))
+	for _, o := range old {
+		_ = os.Remove(o)
 	}
 	return out, os.Rename(tmp, out)
 }

@@ -29,7 +29,7 @@ type Config struct {
 	// ProxyMode is kube-proxy's mode on every node: "iptables" or "nftables".
 	ProxyMode string
 	// Nodes is the number of nodes (1 or 2).
-	Nodes int
+	NodeCount int
 	// Prefix names every kernel object and cgroup the lab makes.
 	Prefix string
 	// Segment is the nodes' L2 subnet; its first address is the machine's side, where the
@@ -52,7 +52,7 @@ func DefaultConfig(repo string) Config {
 		Dir:         "/tmp/podwire-lab",
 		Repo:        repo,
 		ProxyMode:   "iptables",
-		Nodes:       2,
+		NodeCount:   2,
 		Prefix:      "pwlab",
 		Segment:     netip.MustParsePrefix("10.250.0.0/24"),
 		ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"),
@@ -117,8 +117,8 @@ func NewPlan(c Config) (Plan, error) {
 	default:
 		return Plan{}, fmt.Errorf("kube-proxy mode %q: set PROXY_MODE to iptables or nftables", c.ProxyMode)
 	}
-	if c.Nodes < 1 || c.Nodes > 2 {
-		return Plan{}, fmt.Errorf("%d nodes: the lab runs 1 or 2 (NODES=1 or NODES=2)", c.Nodes)
+	if c.NodeCount < 1 || c.NodeCount > 2 {
+		return Plan{}, fmt.Errorf("%d nodes: the lab runs 1 or 2 (NODES=1 or NODES=2)", c.NodeCount)
 	}
 	if !filepath.IsAbs(c.Dir) || filepath.Clean(c.Dir) == "/" {
 		return Plan{}, fmt.Errorf("run dir %q must be an absolute path below / (LAB_DIR)", c.Dir)
@@ -147,7 +147,7 @@ func NewPlan(c Config) (Plan, error) {
 	p.Kubeconfig = filepath.Join(p.PKI, "admin.kubeconfig")
 	p.APIServer = "https://" + p.HostIP.String() + ":6443"
 	ip := p.HostIP
-	for i := 1; i <= c.Nodes; i++ {
+	for i := 1; i <= c.NodeCount; i++ {
 		for j := 0; j < 10; j++ {
 			ip = ip.Next()
 		}

@@ -48,7 +48,7 @@ func runCmd(verb string) error {
 		c.ProxyMode = v
 	}
 	if v := os.Getenv("NODES"); v != "" {
-		if c.Nodes, err = strconv.Atoi(v); err != nil {
+		if c.NodeCount, err = strconv.Atoi(v); err != nil {
 			return fmt.Errorf("NODES=%q: a number, 1 or 2", v)
 		}
 	}
