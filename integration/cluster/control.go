@@ -12,8 +12,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 )
 
-// etcd listens on loopback only: nothing on the segment (nodes, pods) may reach it.
-const etcdURL = "http://127.0.0.1:23791"
+// etcdURL is on loopback only: nothing on the segment (nodes, pods) may reach etcd.
+func (p Plan) etcdURL(port int) string { return fmt.Sprintf("http://127.0.0.1:%d", port) }
 
 func (p Plan) bin(name string) string { return filepath.Join(p.BinDir, name) }
 func (p Plan) pki(name string) string { return filepath.Join(p.PKI, name) }
@@ -23,6 +23,7 @@ func (p Plan) pki(name string) string { return filepath.Join(p.PKI, name) }
 // waits until the API server serves.
 func (s *State) controlPlane(ctx context.Context) error {
 	p := s.Plan
+	etcdURL, peerURL := p.etcdURL(p.EtcdPort), p.etcdURL(p.EtcdPort+1)
 	if err := s.cgroup("/" + p.Prefix + "-cp"); err != nil {
 		return err
 	}
@@ -32,8 +33,8 @@ func (s *State) controlPlane(ctx context.Context) error {
 	}{
 		{"etcd", []string{p.bin("etcd"), "--name=podwire-lab", "--data-dir=" + filepath.Join(p.Dir, "etcd"),
 			"--listen-client-urls=" + etcdURL, "--advertise-client-urls=" + etcdURL,
-			"--listen-peer-urls=http://127.0.0.1:23792", "--initial-advertise-peer-urls=http://127.0.0.1:23792",
-			"--initial-cluster=podwire-lab=http://127.0.0.1:23792",
+			"--listen-peer-urls=" + peerURL, "--initial-advertise-peer-urls=" + peerURL,
+			"--initial-cluster=podwire-lab=" + peerURL,
 			"--log-level=warn", "--quota-backend-bytes=2147483648", "--unsafe-no-fsync"}},
 		{"kube-apiserver", []string{p.bin("kube-apiserver"), "--etcd-servers=" + etcdURL,
 			"--bind-address=" + p.HostIP.String(), "--advertise-address=" + p.HostIP.String(), "--secure-port=6443",

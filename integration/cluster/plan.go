@@ -98,7 +98,7 @@ var KernelSysctls = map[string]string{
 type Plan struct {
 	Config
 	Bridge        string     // the segment's bridge in the machine's netns
-	HostIP        netip.Addr // the bridge's address: the API server, etcd, the controllers
+	HostIP        netip.Addr // the bridge's address: the API server and the controllers listen there
 	APIServer     string     // https URL
 	ServiceAPI    netip.Addr // the kubernetes Service's ClusterIP
 	Nodes         []Node
@@ -108,6 +108,9 @@ type Plan struct {
 	Logs          string
 	StateFile     string
 	Kubeconfig    string // admin
+	// EtcdPort is etcd's client port on loopback (the peer port is the next): derived
+	// from the segment, so labs on different segments can run side by side.
+	EtcdPort int
 }
 
 // NewPlan validates c and derives the lab's names, addresses and paths.
@@ -145,6 +148,8 @@ func NewPlan(c Config) (Plan, error) {
 		StateFile:  filepath.Join(c.Dir, "state.json"),
 	}
 	p.Kubeconfig = filepath.Join(p.PKI, "admin.kubeconfig")
+	seg := c.Segment.Masked().Addr().As4()
+	p.EtcdPort = 20000 + int(seg[1])*10 + int(seg[2])%10*2
 	p.APIServer = "https://" + p.HostIP.String() + ":6443"
 	ip := p.HostIP
 	for i := 1; i <= c.NodeCount; i++ {
