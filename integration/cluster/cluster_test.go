@@ -117,6 +117,10 @@ func checks(t *testing.T, p Plan) {
 		f.expect("hostnet", curl+"http://127.0.0.1:31090/hostname", is("hplo"), "tcp hostPort on 127.0.0.1")
 		f.expect("hostnet", "echo hostname | nc -u -w 2 127.0.0.1 31091", is("hplo"), "udp hostPort on 127.0.0.1")
 	})
+	t.Run("Bandwidth", func(t *testing.T) {
+		f.t = t
+		testBandwidth(t, f, p)
+	})
 	t.Run("Cleanup", func(t *testing.T) {
 		f.t = t
 		f.deleteNamespace()

@@ -69,11 +69,8 @@ func (s *State) controlPlane(ctx context.Context) error {
 			"--bind-address=" + p.HostIP.String(), "--leader-elect=false", "--profiling=false", "--v=1"}},
 	}
 	for i, d := range daemons {
-		proc, err := s.startDaemon(d.name, d.argv, nil)
+		proc, err := s.startDaemon(d.name, "/"+p.Prefix+"-cp", d.argv, nil)
 		if err != nil {
-			return err
-		}
-		if err := enterCgroup("/"+p.Prefix+"-cp", proc.Pid); err != nil {
 			return err
 		}
 		if i == 1 {

@@ -131,12 +131,9 @@ func (s *State) startNode(ctx context.Context, n Node, images []ImageArchive) er
 		}
 	}
 	path := "PATH=" + p.ContainerdDir + ":" + sbinPath
-	ctrd, err := s.startDaemon(n.Name+"-containerd", inNode(n, filepath.Join(p.ContainerdDir, "containerd"),
+	ctrd, err := s.startDaemon(n.Name+"-containerd", n.sysCgroup(), inNode(n, filepath.Join(p.ContainerdDir, "containerd"),
 		"--config", n.Path("containerd.toml")), []string{path})
 	if err != nil {
-		return err
-	}
-	if err := enterCgroup(n.sysCgroup(), ctrd.Pid); err != nil {
 		return err
 	}
 	if err := waitFor(30*time.Second, ctrd, func() error {
@@ -150,25 +147,18 @@ func (s *State) startNode(ctx context.Context, n Node, images []ImageArchive) er
 			return err
 		}
 	}
-	kubelet, err := s.startDaemon(n.Name+"-kubelet", inNode(n, p.bin("kubelet"),
+	if _, err := s.startDaemon(n.Name+"-kubelet", n.sysCgroup(), inNode(n, p.bin("kubelet"),
 		"--config="+n.Path("kubelet.yaml"), "--kubeconfig="+p.pki("kubelet-"+n.Name+".kubeconfig"),
-		"--hostname-override="+n.Name, "--node-ip="+n.IP.String(), "--root-dir=/var/lib/kubelet", "--v=1"), []string{path})
-	if err != nil {
-		return err
-	}
-	if err := enterCgroup(n.sysCgroup(), kubelet.Pid); err != nil {
+		"--hostname-override="+n.Name, "--node-ip="+n.IP.String(), "--root-dir=/var/lib/kubelet", "--v=1"), []string{path}); err != nil {
 		return err
 	}
 	return s.startProxy(n)
 }
 
 func (s *State) startProxy(n Node) error {
-	proxy, err := s.startDaemon(n.Name+"-kube-proxy", inNode(n, s.Plan.bin("kube-proxy"),
+	_, err := s.startDaemon(n.Name+"-kube-proxy", n.sysCgroup(), inNode(n, s.Plan.bin("kube-proxy"),
 		"--config="+n.Path("kube-proxy.yaml"), "--v=1"), []string{"PATH=" + sbinPath})
-	if err != nil {
-		return err
-	}
-	return enterCgroup(n.sysCgroup(), proxy.Pid)
+	return err
 }
 
 // waitFor polls check until it succeeds, d passes, or proc exits.

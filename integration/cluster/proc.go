@@ -18,7 +18,7 @@ import (
 // until Down): its own session, output appended to logs/<name>.log, recorded in the
 // state before Start returns. A node's daemons are entered into the node's network and
 // mount namespaces by nsenter, which execs in place, so the pid is the daemon's own.
-func (s *State) startDaemon(name string, argv []string, env []string) (Proc, error) {
+func (s *State) startDaemon(name, cgroup string, argv []string, env []string) (Proc, error) {
 	logFile := filepath.Join(s.Plan.Logs, name+".log")
 	if err := os.MkdirAll(s.Plan.Logs, 0o755); err != nil {
 		return Proc{}, err
@@ -36,12 +36,40 @@ func (s *State) startDaemon(name string, argv []string, env []string) (Proc, err
 	if err := cmd.Start(); err != nil {
 		return Proc{}, fmt.Errorf("starting %s (%s): %w", name, argv[0], err)
 	}
-	p := Proc{Name: name, Pid: cmd.Process.Pid, Log: logFile}
+	p := Proc{Name: name, Pid: cmd.Process.Pid, Log: logFile, Argv: argv, Env: env, Cgroup: cgroup}
 	p.Start, _ = startTime(p.Pid)
 	s.Procs = append(s.Procs, p)
 	// Released, not waited for: the daemon lives on after this command exits.
 	_ = cmd.Process.Release()
-	return p, s.save()
+	if err := s.save(); err != nil {
+		return p, err
+	}
+	// Its children (containerd's shims) start in the same cgroup: Down finds them there.
+	return p, enterCgroup(cgroup, p.Pid)
+}
+
+// Restart stops the lab's daemon name (e.g. "pwlab-2-kubelet") and starts it again as
+// it was started.
+func Restart(dir, name string) error {
+	s, err := loadState(filepath.Join(dir, "state.json"))
+	if err != nil {
+		return err
+	}
+	if s == nil {
+		return fmt.Errorf("no lab in %s: run make cluster", dir)
+	}
+	for i, p := range s.Procs {
+		if p.Name != name {
+			continue
+		}
+		if err := p.stop(15 * time.Second); err != nil {
+			return err
+		}
+		s.Procs = append(s.Procs[:i], s.Procs[i+1:]...)
+		_, err := s.startDaemon(p.Name, p.Cgroup, p.Argv, p.Env)
+		return err
+	}
+	return fmt.Errorf("the lab in %s runs no %s", dir, name)
 }
 
 // startTime reads field 22 of /proc/<pid>/stat (after the parenthesised comm).

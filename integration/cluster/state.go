@@ -37,6 +37,10 @@ type Proc struct {
 	Pid   int
 	Start uint64 // /proc/<pid>/stat field 22
 	Log   string
+	// Argv, Env and Cgroup start it again (Restart).
+	Argv   []string
+	Env    []string `json:",omitempty"`
+	Cgroup string   `json:",omitempty"`
 }
 
 func loadState(file string) (*State, error) {
