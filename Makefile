@@ -32,7 +32,7 @@ DIST_GOENV  = CGO_ENABLED=0 GOOS=linux GOFLAGS="$(DIST_GOFLAGS)" GOAMD64=v1 GOAR
 # Every file in the tarballs gets the commit's time (reproducible-builds.org's variable).
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 
-.PHONY: all build test unit-test integration-test vet install clean bench bench-quick dist notice image fuzz stress demo cluster cluster-down cluster-check
+.PHONY: all build test unit-test integration-test vet install clean bench bench-quick dist notice image fuzz stress demo cluster cluster-down cluster-check conformance
 
 all: build
 
@@ -132,6 +132,12 @@ cluster-down:
 ## cluster-check: podwire's own checks against a running lab (make cluster first)
 cluster-check:
 	PODWIRE_LAB=$(LAB_DIR) $(GO) test -count=1 -p 1 -timeout 30m -v ./integration/cluster/
+
+## conformance: e2e.test's [sig-network] [Conformance] specs against a running lab, once
+## per kube-proxy mode (CONFORMANCE_MODES=iptables,nftables); the tables go to
+## $(LAB_DIR)/conformance.md, logs and JUnit under $(LAB_DIR)/conformance/<mode>/
+conformance:
+	$(LAB_ENV) $(GO) run ./integration/cluster/lab conformance > $(LAB_DIR)/conformance.md
 
 clean:
 	rm -rf $(BIN_DIR) $(DIST_DIR)

@@ -68,7 +68,14 @@ func Down(dir string, log io.Writer) error {
 		errs = append(errs, removeCgroup(s.Cgroups[i]))
 	}
 	for i := len(s.Dirs) - 1; i >= 0; i-- {
-		if err := os.Remove(s.Dirs[i]); err != nil && !errors.Is(err, os.ErrNotExist) {
+		err := os.Remove(s.Dirs[i])
+		switch {
+		case err == nil, errors.Is(err, os.ErrNotExist):
+		case errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, unix.EBUSY):
+			// Made by the lab, used by something else since (the lab's own files were
+			// in the node's bind, never here): it is no longer the lab's to remove.
+			fmt.Fprintf(log, "left %s: the lab made it, but other work uses it now\n", s.Dirs[i])
+		default:
 			errs = append(errs, fmt.Errorf("removing %s (the lab made it): %w", s.Dirs[i], err))
 		}
 	}

@@ -150,19 +150,26 @@ func (s *State) nodeNetNS(n Node) error {
 	})
 }
 
-// nodeMountNS pins n's mount namespace (a slave of the machine's: the machine's mounts
-// reach it, its own never leave it) and binds the node's directories and kernel sysctl
-// files into it.
+// nodeMountNS pins n's mount namespace and binds the node's directories and kernel
+// sysctl files into it. It is private, not a slave of the machine's: on a shared machine
+// other work mounts over /run/containerd and the like, and as a slave the node received
+// those mounts over its own binds (its CRI socket vanished under a running kubelet).
 func (s *State) nodeMountNS(n Node) error {
 	if !isMountpoint(n.MountNS) {
 		if err := touch(n.MountNS); err != nil {
 			return err
 		}
-		if _, err := run("unshare", "--mount="+n.MountNS, "--propagation", "slave", "true"); err != nil {
+		if _, err := run("unshare", "--mount="+n.MountNS, "--propagation", "private", "true"); err != nil {
 			return fmt.Errorf("pinning node %s's mount namespace: %w", n.Name, err)
 		}
 		if err := s.add(&s.Mounts, n.MountNS); err != nil {
 			return err
+		}
+		// Then shared again, in peer groups of the node's own (nothing reaches the
+		// machine): containerd refuses a HostToContainer volume (podwire-agent's
+		// /run/netns) whose source mount, or one below the node's bind, is private.
+		if _, err := run("nsenter", "--mount="+n.MountNS, "--", "mount", "--make-rshared", "/"); err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
 		}
 	}
 	for _, target := range NodeDirs {
@@ -176,8 +183,7 @@ func (s *State) nodeMountNS(n Node) error {
 		if _, err := run("nsenter", "--mount="+n.MountNS, "--", "mount", "--bind", src, target); err != nil {
 			return fmt.Errorf("node %s: %w", n.Name, err)
 		}
-		// Shared inside the node (a new peer group: nothing reaches the machine, whose
-		// mounts only flow in): the kubelet and containerd refuse mountPropagation
+		// Shared inside the node (a new peer group: nothing reaches the machine): the kubelet and containerd refuse mountPropagation
 		// (podwire-agent's /run/netns is HostToContainer) on a private source.
 		if _, err := run("nsenter", "--mount="+n.MountNS, "--", "mount", "--make-shared", target); err != nil {
 			return fmt.Errorf("node %s: %w", n.Name, err)

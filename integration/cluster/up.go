@@ -115,8 +115,10 @@ func Up(ctx context.Context, c Config, log io.Writer) (Plan, error) {
 	return p, nil
 }
 
-// agnhostNames are the agnhost images e2e.test lists (its --list-images), the default
-// first; only the default when e2e.test cannot say.
+// agnhostNames are the names the agnhost image is imported under: the agnhost images
+// e2e.test lists (its --list-images), the default first, and the e2e images whose specs
+// need only what the agnhost image has (glibc-dns-testing: glibc's resolver and dig;
+// busybox: sh and the busybox tools). Only the default when e2e.test cannot say.
 func (p Plan) agnhostNames() []string {
 	names := []string{defaultAgnhost}
 	if !p.E2E {
@@ -128,7 +130,12 @@ func (p Plan) agnhostNames() []string {
 	}
 	for _, l := range strings.Fields(out) {
 		// Not gcr.io/k8s-authenticated-test/agnhost: specs expect that one to fail to pull.
-		if strings.HasPrefix(l, "registry.k8s.io/e2e-test-images/agnhost:") && l != defaultAgnhost {
+		if l == defaultAgnhost {
+			continue
+		}
+		if strings.HasPrefix(l, "registry.k8s.io/e2e-test-images/agnhost:") ||
+			strings.HasPrefix(l, "registry.k8s.io/e2e-test-images/glibc-dns-testing:") ||
+			strings.HasPrefix(l, "registry.k8s.io/e2e-test-images/busybox:") {
 			names = append(names, l)
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/podwire/podwire/integration/cluster"
@@ -64,6 +65,23 @@ func runCmd(verb string) error {
 		return err
 	case "down":
 		return cluster.Down(c.Dir, os.Stdout)
+	case "conformance":
+		// e2e.test's sig-network conformance specs, once per kube-proxy mode; the tables
+		// go to stdout (docs/CONFORMANCE.md holds a run's).
+		modes := []string{"iptables", "nftables"}
+		if v := os.Getenv("CONFORMANCE_MODES"); v != "" {
+			modes = strings.Split(v, ",")
+		}
+		var tables []string
+		for _, m := range modes {
+			specs, err := cluster.RunConformance(c.Dir, m, cluster.ConformanceFocus, cluster.ConformanceSkip, os.Stderr)
+			if err != nil {
+				return err
+			}
+			tables = append(tables, cluster.ConformanceTable(m, specs))
+		}
+		fmt.Println(strings.Join(tables, "\n"))
+		return nil
 	case "restart":
 		// One daemon, by its name in the state file: lab restart pwlab-2-kube-proxy.
 		return cluster.Restart(c.Dir, flag.Arg(1))
