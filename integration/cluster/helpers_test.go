@@ -51,14 +51,14 @@ func TestMain(m *testing.M) {
 		// The smoke needs no conformance binary (~7 CPU-minutes of build).
 		c.E2E = os.Getenv("LAB_E2E") == "1"
 		lab.own = true
-		before, _ := MachineSnapshot(c.Prefix)
+		before, _ := MachineSnapshot(c.Prefix, c.Dir)
 		lab.plan, lab.err = Up(context.Background(), c, os.Stdout)
 		code := m.Run()
 		if err := Down(c.Dir, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, "tearing the lab down:", err)
 			code = 1
 		}
-		after, _ := MachineSnapshot(c.Prefix)
+		after, _ := MachineSnapshot(c.Prefix, c.Dir)
 		if d := labDiff(before, after, lab.plan); d != "" {
 			fmt.Fprintf(os.Stderr, "the lab left the machine changed:\n%s", d)
 			code = 1

@@ -26,7 +26,7 @@ var volatileSysctls = map[string]bool{"net/netfilter/nf_conntrack_count": true, 
 // network (links, addresses, routes, rules in both backends, qdiscs, sysctls, via
 // nodestate), mounts, cgroups, the sysctls the kubelet and kube-proxy write, the bind
 // targets of the node dirs, and the processes in the lab's cgroups or naming its prefix.
-func MachineSnapshot(prefix string) (string, error) {
+func MachineSnapshot(prefix, dir string) (string, error) {
 	snap, err := nodestate.Take("")
 	if err != nil {
 		return "", err
@@ -90,7 +90,7 @@ func MachineSnapshot(prefix string) (string, error) {
 		}
 	}
 	section(&b, "dirs", dirs)
-	section(&b, "lab processes", labProcs(prefix))
+	section(&b, "lab processes", labProcs(prefix, dir))
 	return b.String(), nil
 }
 
@@ -103,8 +103,9 @@ func fstype(f []string) string {
 	return "?"
 }
 
-// labProcs are the processes in a cgroup of prefix's or whose command line names it.
-func labProcs(prefix string) []string {
+// labProcs are the processes in a cgroup of prefix's or whose command line names a file
+// in the run dir (not another lab's: each has its own prefix and dir).
+func labProcs(prefix, dir string) []string {
 	ents, _ := os.ReadDir("/proc")
 	var out []string
 	for _, e := range ents {
@@ -115,10 +116,7 @@ func labProcs(prefix string) []string {
 		cg, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
 		cmd, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
 		line := strings.ReplaceAll(string(cmd), "\x00", " ")
-		if strings.Contains(string(cg), ":/"+prefix+"-") || strings.Contains(line, "podwire-lab") {
-			if strings.Contains(line, "integration/cluster/lab snapshot") || strings.Contains(line, "lab snapshot") {
-				continue // this snapshot itself
-			}
+		if strings.Contains(string(cg), ":/"+prefix+"-") || strings.Contains(line, filepath.Clean(dir)+"/") {
 			out = append(out, e.Name()+" "+line)
 		}
 	}

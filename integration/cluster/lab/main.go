@@ -86,7 +86,7 @@ func runCmd(verb string) error {
 		// One daemon, by its name in the state file: lab restart pwlab-2-kube-proxy.
 		return cluster.Restart(c.Dir, flag.Arg(1))
 	case "snapshot":
-		snap, err := cluster.MachineSnapshot(c.Prefix)
+		snap, err := cluster.MachineSnapshot(c.Prefix, c.Dir)
 		if err != nil {
 			return err
 		}
