@@ -5,9 +5,12 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"net"
 	"path/filepath"
 	"time"
 
+	"github.com/vishvananda/netlink"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -111,4 +114,42 @@ func waitAPI(ctx context.Context, p Plan, api Proc) error {
 		time.Sleep(time.Second)
 	}
 	return fmt.Errorf("kube-apiserver not ready after 3m: %v; see %s", last, api.Log)
+}
+
+// hostRoutes routes each node's pod CIDR via the node on the lab's bridge: the API server
+// proxies to pods and Services (kubectl port-forward does not need it, the Proxy specs
+// do), as a control plane on the pod network does. The routes go with the bridge.
+func (s *State) hostRoutes(ctx context.Context) error {
+	c, err := s.Plan.Client()
+	if err != nil {
+		return err
+	}
+	br, err := netlink.LinkByName(s.Plan.Bridge)
+	if err != nil {
+		return err
+	}
+	for _, n := range s.Plan.Nodes {
+		var cidr string
+		deadline := time.Now().Add(time.Minute)
+		for cidr == "" {
+			node, err := c.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+			if err == nil {
+				cidr = node.Spec.PodCIDR
+			}
+			if cidr == "" && time.Now().After(deadline) {
+				return fmt.Errorf("node %s has no pod CIDR after a minute (kube-controller-manager --allocate-node-cidrs; see its log): %v", n.Name, err)
+			}
+			if cidr == "" {
+				time.Sleep(time.Second)
+			}
+		}
+		_, dst, err := net.ParseCIDR(cidr)
+		if err != nil {
+			return err
+		}
+		if err := netlink.RouteReplace(&netlink.Route{LinkIndex: br.Attrs().Index, Dst: dst, Gw: n.IP.AsSlice()}); err != nil {
+			return fmt.Errorf("routing %s via node %s: %w", cidr, n.Name, err)
+		}
+	}
+	return nil
 }

@@ -105,6 +105,9 @@ func Up(ctx context.Context, c Config, log io.Writer) (Plan, error) {
 	if err := p.waitNodes(ctx, log, 3*time.Minute, func(bool) bool { return true }); err != nil {
 		return p, err
 	}
+	if err := s.hostRoutes(ctx); err != nil {
+		return p, err
+	}
 	if c.Agent {
 		if err := p.applyAddons(ctx, log); err != nil {
 			return p, err
