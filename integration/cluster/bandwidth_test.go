@@ -3,7 +3,6 @@
 package cluster
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -11,6 +10,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 )
 
 // The annotations' rate, 20 Mbit/s, is measured where it is enforced: the byte counters
@@ -39,29 +41,31 @@ func sink(w http.ResponseWriter, r *http.Request) {
 
 // tbfBytes is the byte counter of the node's one TBF qdisc on a device whose name starts
 // with one of devPrefixes ("veth" for ingress; for egress the IFB, named bwp... as the
-// reference names it, or pwb... when that name is taken).
-func tbfBytes(n Node, devPrefixes ...string) (int64, error) {
-	out, err := run(inNode(n, "tc", "-s", "-j", "qdisc", "show")...)
+// reference names it, or pwb... when that name is taken), read over netlink in the
+// node's netns: an exec of tc would be timed by a loaded machine's scheduler, not by the
+// counter.
+func tbfBytes(h *netlink.Handle, devPrefixes ...string) (int64, error) {
+	qs, err := h.QdiscList(nil)
 	if err != nil {
 		return 0, err
 	}
-	var qs []struct {
-		Kind, Dev string
-		Bytes     int64
-	}
-	if err := json.Unmarshal([]byte(out), &qs); err != nil {
-		return 0, fmt.Errorf("tc -j qdisc show: %w", err)
-	}
 	var found []int64
 	for _, q := range qs {
+		if q.Type() != "tbf" || q.Attrs().Statistics == nil {
+			continue
+		}
+		l, err := h.LinkByIndex(q.Attrs().LinkIndex)
+		if err != nil {
+			continue
+		}
 		for _, pre := range devPrefixes {
-			if q.Kind == "tbf" && strings.HasPrefix(q.Dev, pre) {
-				found = append(found, q.Bytes)
+			if strings.HasPrefix(l.Attrs().Name, pre) {
+				found = append(found, int64(q.Attrs().Statistics.Basic.Bytes))
 			}
 		}
 	}
 	if len(found) != 1 {
-		return 0, fmt.Errorf("node %s: %d TBF qdiscs on %v* devices, want the shaped pod's one", n.Name, len(found), devPrefixes)
+		return 0, fmt.Errorf("%d TBF qdiscs on %v* devices, want the shaped pod's one", len(found), devPrefixes)
 	}
 	return found[0], nil
 }
@@ -74,6 +78,16 @@ func testBandwidth(t *testing.T, f *fixture, p Plan) {
 		"kubernetes.io/egress-bandwidth":  fmt.Sprint(bandwidthRate),
 	}
 	f.run(pod)
+	nsh, err := netns.GetFromPath(n.NetNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nsh.Close()
+	h, err := netlink.NewHandleAt(nsh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
 	l, err := net.Listen("tcp", net.JoinHostPort(p.HostIP.String(), "0"))
 	if err != nil {
 		t.Fatal(err)
@@ -95,13 +109,11 @@ func testBandwidth(t *testing.T, f *fixture, p Plan) {
 			done <- err
 		}()
 		var rates []float64
-		// Each sample is timed at the midpoint of its tc call (an exec that a loaded
-		// machine may delay by tens of milliseconds).
 		sample := func() (int64, time.Time) {
 			t0 := time.Now()
-			b, err := tbfBytes(n, dir.devs...)
+			b, err := tbfBytes(h, dir.devs...)
 			if err != nil {
-				t.Fatal(err)
+				t.Fatalf("node %s: %v", n.Name, err)
 			}
 			return b, t0.Add(time.Since(t0) / 2)
 		}

@@ -157,12 +157,24 @@ func settledSnapshot(t *testing.T, n Node) nodestate.Snapshot {
 	return nil
 }
 
-// nodeSnapshot is the node's network state and its host-local leases.
+// nodeSnapshot is the node's network state and its host-local leases, without
+// kube-proxy's own objects (its nftables tables, its KUBE- iptables chains): podwire
+// never writes there, and kube-proxy in nftables mode deletes a deleted Service's
+// emptied chains only in a later sync, after the minute the check waits.
 func nodeSnapshot(t *testing.T, n Node) nodestate.Snapshot {
 	t.Helper()
 	s, err := nodestate.Take(n.NetNS, n.Path("fs", "/var/lib/cni", "networks"))
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, sec := range []string{"nft", "iptables-save", "ip6tables-save"} {
+		var keep []string
+		for _, l := range strings.Split(s[sec], "\n") {
+			if !strings.Contains(l, " kube-proxy ") && !strings.Contains(l, "KUBE-") {
+				keep = append(keep, l)
+			}
+		}
+		s[sec] = strings.Join(keep, "\n")
 	}
 	return s
 }
