@@ -30,16 +30,17 @@ type ImageArchive struct {
 
 // agnhostPackages are what agnhost's specs exec beside agnhost itself: sh (dash: busybox's
 // sh runs its own applets before PATH, and its nc has no -u), the small tools
-// (busybox-static, a static binary), curl, nc, dig and ss. Their dependencies come
+// (busybox-static, a static binary), curl, nc, dig, ss and getent (libc-bin: the DNS
+// specs resolve with it). Their dependencies come
 // from apt; agnhostSkip are dependencies of maintainer scripts, never run here.
 var (
-	agnhostPackages = []string{"dash", "busybox-static", "curl", "bind9-dnsutils", "iproute2", "netcat-openbsd"}
+	agnhostPackages = []string{"dash", "busybox-static", "curl", "bind9-dnsutils", "iproute2", "netcat-openbsd", "libc-bin"}
 	agnhostSkip     = map[string]bool{"debconf": true, "cdebconf": true, "dpkg": true, "install-info": true, "tar": true,
 		"libdebian-installer4": true, "libnewt0.52": true, "libslang2": true, "libtextwrap1": true}
 )
 
 // agnhostRecipe changes the cache key whenever the way the rootfs is put together does.
-const agnhostRecipe = "agnhost-rootfs-3"
+const agnhostRecipe = "agnhost-rootfs-4"
 
 // imageCache is where built image archives are kept between runs.
 func (p Plan) imageCache() string { return filepath.Join(p.Repo, ".cache", "kube", "images") }
