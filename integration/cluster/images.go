@@ -34,13 +34,13 @@ type ImageArchive struct {
 // specs resolve with it). Their dependencies come
 // from apt; agnhostSkip are dependencies of maintainer scripts, never run here.
 var (
-	agnhostPackages = []string{"dash", "busybox-static", "curl", "bind9-dnsutils", "iproute2", "netcat-openbsd", "libc-bin"}
+	agnhostPackages = []string{"dash", "busybox-static", "curl", "bind9-dnsutils", "iproute2", "netcat-openbsd", "libc-bin", "bash"}
 	agnhostSkip     = map[string]bool{"debconf": true, "cdebconf": true, "dpkg": true, "install-info": true, "tar": true,
 		"libdebian-installer4": true, "libnewt0.52": true, "libslang2": true, "libtextwrap1": true}
 )
 
 // agnhostRecipe changes the cache key whenever the way the rootfs is put together does.
-const agnhostRecipe = "agnhost-rootfs-4"
+const agnhostRecipe = "agnhost-rootfs-5"
 
 // imageCache is where built image archives are kept between runs.
 func (p Plan) imageCache() string { return filepath.Join(p.Repo, ".cache", "kube", "images") }
@@ -177,10 +177,31 @@ func agnhostImage(p Plan, ref string) (string, error) {
 			return "", err
 		}
 	}
+	// As agnhost's own Dockerfile has it: the user and group a SupplementalGroups spec
+	// expects, porter's test certificate in the working dir, /uploads for netexec and
+	// the agnhost-2 link the entrypoint specs run.
 	etc := map[string]string{
 		"etc/nsswitch.conf": "hosts: files dns\npasswd: files\ngroup: files\n",
-		"etc/passwd":        "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
-		"etc/group":         "root:x:0:\nnogroup:x:65534:\n",
+		"etc/passwd": "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n" +
+			"user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n",
+		"etc/group": "root:x:0:\nnogroup:x:65534:\nuser-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n",
+	}
+	porter, err := kubeSource(p, "test/images/agnhost/porter")
+	if err != nil {
+		return "", err
+	}
+	for _, f := range []string{"localhost.crt", "localhost.key"} {
+		b, err := os.ReadFile(filepath.Join(porter, f))
+		if err != nil {
+			return "", fmt.Errorf("agnhost's porter certificate: %w", err)
+		}
+		etc[f] = string(b)
+	}
+	if err := os.MkdirAll(filepath.Join(root, "uploads"), 0o777); err != nil {
+		return "", err
+	}
+	if err := os.Symlink("agnhost", filepath.Join(root, "agnhost-2")); err != nil {
+		return "", err
 	}
 	for name, body := range etc {
 		if err := os.WriteFile(filepath.Join(root, name), []byte(body), 0o644); err != nil {
@@ -349,4 +370,17 @@ func (p Plan) importImage(n Node, img ImageArchive) error {
 		}
 	}
 	return nil
+}
+
+// kubeSource is a directory of k8s.io/kubernetes's source at the pinned version, from the
+// module cache (the wrapper module that builds the binaries has it).
+func kubeSource(p Plan, rel string) (string, error) {
+	cmd := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "k8s.io/kubernetes")
+	cmd.Dir = filepath.Join(p.Repo, "integration", "kubeapi", "build", "kubernetes")
+	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly")
+	out, err := cmd.Output()
+	if err != nil || strings.TrimSpace(string(out)) == "" {
+		return "", fmt.Errorf("locating k8s.io/kubernetes's source (go mod download in %s): %v", cmd.Dir, err)
+	}
+	return filepath.Join(strings.TrimSpace(string(out)), rel), nil
 }
