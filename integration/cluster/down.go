@@ -68,6 +68,12 @@ func Down(dir string, log io.Writer) error {
 		errs = append(errs, removeCgroup(s.Cgroups[i]))
 	}
 	for i := len(s.Dirs) - 1; i >= 0; i-- {
+		// Removing a directory detaches every mount on it in other mount namespaces:
+		// another lab's node (or other work) binding the same path would lose it.
+		if pid := mountedElsewhere(s.Dirs[i]); pid != 0 {
+			fmt.Fprintf(log, "left %s: the lab made it, but process %d's mount namespace has a mount on it\n", s.Dirs[i], pid)
+			continue
+		}
 		err := os.Remove(s.Dirs[i])
 		switch {
 		case err == nil, errors.Is(err, os.ErrNotExist):
@@ -194,4 +200,34 @@ func removeCgroup(path string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// mountedElsewhere returns a process whose mount namespace has a mount on dir or below
+// it, or 0.
+func mountedElsewhere(dir string) int {
+	ents, _ := os.ReadDir("/proc")
+	seen := map[string]bool{}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid))
+		if err != nil || seen[ns] {
+			continue
+		}
+		seen[ns] = true
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) > 4 {
+				if mp := unescapeMount(f[4]); mp == dir || strings.HasPrefix(mp, dir+"/") {
+					return pid
+				}
+			}
+		}
+	}
+	return 0
 }
