@@ -40,7 +40,7 @@ var (
 )
 
 // agnhostRecipe changes the cache key whenever the way the rootfs is put together does.
-const agnhostRecipe = "agnhost-rootfs-5"
+const agnhostRecipe = "agnhost-rootfs-6"
 
 // imageCache is where built image archives are kept between runs.
 func (p Plan) imageCache() string { return filepath.Join(p.Repo, ".cache", "kube", "images") }
@@ -177,7 +177,8 @@ func agnhostImage(p Plan, ref string) (string, error) {
 			return "", err
 		}
 	}
-	// As agnhost's own Dockerfile has it: the user and group a SupplementalGroups spec
+	// As agnhost's own Dockerfile has it (with CMD ["pause"]: specs run pods that give
+	// no arguments and exec into them): the user and group a SupplementalGroups spec
 	// expects, porter's test certificate in the working dir, /uploads for netexec and
 	// the agnhost-2 link the entrypoint specs run.
 	etc := map[string]string{
@@ -227,7 +228,7 @@ func agnhostImage(p Plan, ref string) (string, error) {
 		return "", err
 	}
 	var buf bytes.Buffer
-	if err := containerd.WriteOCIArchive(&buf, containerd.Image{Name: ref, Entrypoint: []string{"/agnhost"}, Layer: layer}); err != nil {
+	if err := containerd.WriteOCIArchive(&buf, containerd.Image{Name: ref, Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}, Layer: layer}); err != nil {
 		return "", err
 	}
 	tmp := out + ".tmp"
