@@ -35,7 +35,7 @@ DIST_GOENV  = CGO_ENABLED=0 GOOS=linux GOFLAGS="$(DIST_GOFLAGS)" GOAMD64=v1 GOAR
 # Every file in the tarballs gets the commit's time (reproducible-builds.org's variable).
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 
-.PHONY: all build test unit-test integration-test vet install clean bench bench-quick bench-agent dist notice image fuzz stress demo
+.PHONY: all build test unit-test integration-test vet install clean bench bench-quick bench-agent dist notice image fuzz stress demo cluster cluster-down cluster-check conformance
 
 all: build
 
@@ -127,6 +127,31 @@ image:
 	@mkdir -p $(DIST_DIR)
 	$(GO) run ./hack/mkimage -agent $(DIST_DIR)/image-bin/podwire-agent -init $(DIST_DIR)/image-bin/podwire-init -plugins $(DIST_DIR)/image-bin -name $(IMAGE_NAME) -o $(IMAGE_TAR)
 	rm -rf $(DIST_DIR)/image-bin
+
+## cluster: a two-node Kubernetes lab on podwire (kubelet, kube-proxy, CoreDNS; see
+## integration/cluster). PROXY_MODE=iptables|nftables, NODES=1|2, LAB_DIR (default
+## /tmp/podwire-lab). The first run builds the Kubernetes binaries (~1 CPU-hour), later
+## ones reuse .cache/kube. Ends with the exports for kubectl; stays up until cluster-down.
+PROXY_MODE  ?= iptables
+NODES       ?= 2
+LAB_DIR     ?= /tmp/podwire-lab
+LAB_ENV      = PROXY_MODE=$(PROXY_MODE) NODES=$(NODES) LAB_DIR=$(LAB_DIR)
+cluster:
+	$(LAB_ENV) $(GO) run ./integration/cluster/lab up
+
+## cluster-down: remove the lab and everything it made on the machine
+cluster-down:
+	$(LAB_ENV) $(GO) run ./integration/cluster/lab down
+
+## cluster-check: podwire's own checks against a running lab (make cluster first)
+cluster-check:
+	PODWIRE_LAB=$(LAB_DIR) $(GO) test -count=1 -p 1 -timeout 30m -v ./integration/cluster/
+
+## conformance: e2e.test's [sig-network] [Conformance] specs against a running lab, once
+## per kube-proxy mode (CONFORMANCE_MODES=iptables,nftables); the tables go to
+## $(LAB_DIR)/conformance.md, logs and JUnit under $(LAB_DIR)/conformance/<mode>/
+conformance:
+	$(LAB_ENV) $(GO) run ./integration/cluster/lab conformance > $(LAB_DIR)/conformance.md
 
 clean:
 	rm -rf $(BIN_DIR) $(DIST_DIR)

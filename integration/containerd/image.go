@@ -42,7 +42,11 @@ type File struct {
 type Image struct {
 	Name       string // full reference, e.g. "podwire.test/pause:e2e"
 	Entrypoint []string
+	Cmd        []string // the default arguments, when a container gives none
 	Files      []File
+	// Layer, when set, is the layer as an uncompressed tar (a whole root filesystem),
+	// used instead of Files.
+	Layer []byte
 }
 
 // descriptor is an OCI content descriptor.
@@ -78,6 +82,7 @@ type imageConfig struct {
 	OS           string    `json:"os"`
 	Config       struct {
 		Entrypoint []string `json:"Entrypoint,omitempty"`
+		Cmd        []string `json:"Cmd,omitempty"`
 		Env        []string `json:"Env,omitempty"`
 	} `json:"config"`
 	RootFS struct {
@@ -143,9 +148,12 @@ func WriteOCIArchive(w io.Writer, img Image) error {
 	if img.Name == "" || len(img.Entrypoint) == 0 {
 		return fmt.Errorf("image needs a name and an entrypoint")
 	}
-	layer, err := layerTar(img.Files)
-	if err != nil {
-		return err
+	layer := img.Layer
+	if layer == nil {
+		var err error
+		if layer, err = layerTar(img.Files); err != nil {
+			return err
+		}
 	}
 	// The layer is uncompressed, so its digest is also its diff ID.
 	layerDigest := digest(layer)
@@ -155,6 +163,7 @@ func WriteOCIArchive(w io.Writer, img Image) error {
 	cfg.Architecture = runtime.GOARCH
 	cfg.OS = "linux"
 	cfg.Config.Entrypoint = img.Entrypoint
+	cfg.Config.Cmd = img.Cmd
 	cfg.Config.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 	cfg.RootFS.Type = "layers"
 	cfg.RootFS.DiffIDs = []string{layerDigest}

@@ -1,0 +1,98 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Command lab brings podwire's Kubernetes lab up and down (make cluster, make
+// cluster-down): see package integration/cluster.
+//
+//	go run ./integration/cluster/lab up      # PROXY_MODE=iptables|nftables NODES=1|2 LAB_DIR=/tmp/podwire-lab
+//	go run ./integration/cluster/lab down
+//	go run ./integration/cluster/lab restart pwlab-2-kubelet   # one daemon, as it was started
+//	go run ./integration/cluster/lab snapshot > before.txt   # the machine's state the lab must leave as it was
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/podwire/podwire/integration/cluster"
+)
+
+func main() {
+	flag.Usage = func() {
+		fmt.Fprintln(os.Stderr, "usage: lab up|down|restart NAME|snapshot   (environment: PROXY_MODE, NODES, LAB_DIR, LAB_E2E=0)")
+	}
+	flag.Parse()
+	if err := runCmd(flag.Arg(0)); err != nil {
+		fmt.Fprintln(os.Stderr, "lab:", err)
+		os.Exit(1)
+	}
+}
+
+func runCmd(verb string) error {
+	repo, err := os.Getwd()
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(filepath.Join(repo, "integration", "cluster")); err != nil {
+		return fmt.Errorf("run the lab from podwire's checkout (make cluster): %w", err)
+	}
+	c := cluster.DefaultConfig(repo)
+	if v := os.Getenv("LAB_DIR"); v != "" {
+		c.Dir = v
+	}
+	if v := os.Getenv("PROXY_MODE"); v != "" {
+		c.ProxyMode = v
+	}
+	if v := os.Getenv("NODES"); v != "" {
+		if c.NodeCount, err = strconv.Atoi(v); err != nil {
+			return fmt.Errorf("NODES=%q: a number, 1 or 2", v)
+		}
+	}
+	if os.Getenv("LAB_E2E") == "0" {
+		c.E2E = false // no conformance binary: a quicker first build
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	switch verb {
+	case "up":
+		_, err := cluster.Up(ctx, c, os.Stdout)
+		return err
+	case "down":
+		return cluster.Down(c.Dir, os.Stdout)
+	case "conformance":
+		// e2e.test's sig-network conformance specs, once per kube-proxy mode; the tables
+		// go to stdout (docs/CONFORMANCE.md holds a run's).
+		modes := []string{"iptables", "nftables"}
+		if v := os.Getenv("CONFORMANCE_MODES"); v != "" {
+			modes = strings.Split(v, ",")
+		}
+		var tables []string
+		for _, m := range modes {
+			specs, err := cluster.RunConformance(c.Dir, m, cluster.ConformanceFocus, cluster.ConformanceSkip, os.Stderr)
+			if err != nil {
+				return err
+			}
+			tables = append(tables, cluster.ConformanceTable(m, specs))
+		}
+		fmt.Println(strings.Join(tables, "\n"))
+		return nil
+	case "restart":
+		// One daemon, by its name in the state file: lab restart pwlab-2-kube-proxy.
+		return cluster.Restart(c.Dir, flag.Arg(1))
+	case "snapshot":
+		snap, err := cluster.MachineSnapshot(c.Prefix, c.Dir)
+		if err != nil {
+			return err
+		}
+		fmt.Print(snap)
+		return nil
+	}
+	flag.Usage()
+	return fmt.Errorf("unknown verb %q", verb)
+}
