@@ -53,7 +53,7 @@ func RunConformance(dir, mode, focus, skip string, log io.Writer) ([]SpecResult,
 	cmd.Stdout, cmd.Stderr = f, f
 	fmt.Fprintf(log, "e2e.test in kube-proxy mode %s: %s (log %s)\n", mode, strings.Join(cmd.Args, " "), f.Name())
 	runErr := cmd.Run() // a failed spec is a non-zero exit: the report says which
-	specs, err := readJUnit(filepath.Join(out, "junit_01.xml"))
+	specs, err := ReadJUnit(filepath.Join(out, "junit_01.xml"))
 	if err != nil {
 		return nil, fmt.Errorf("%v; e2e.test: %v (see %s)", err, runErr, f.Name())
 	}
@@ -76,9 +76,9 @@ type junit struct {
 	} `xml:"testsuite"`
 }
 
-// readJUnit reads e2e's JUnit report; specs that the focus skipped are left out, as are
+// ReadJUnit reads e2e's JUnit report; specs that the focus skipped are left out, as are
 // ginkgo's suite nodes.
-func readJUnit(file string) ([]SpecResult, error) {
+func ReadJUnit(file string) ([]SpecResult, error) {
 	b, err := os.ReadFile(file)
 	if err != nil {
 		return nil, fmt.Errorf("no JUnit report: %w", err)
