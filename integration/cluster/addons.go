@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/netip"
 	"os/exec"
 	"path/filepath"
 	"sort"
@@ -185,11 +186,20 @@ func (p Plan) waitNodes(ctx context.Context, log io.Writer, d time.Duration, wan
 // because of it, then CoreDNS, and waits for it to serve.
 func (p Plan) applyAddons(ctx context.Context, log io.Writer) error {
 	fmt.Fprintln(log, "kubectl apply -f deploy/")
-	if out, err := p.Kubectl(nil, "apply", "-f", filepath.Join(p.Repo, "deploy")); err != nil {
-		return err
+	var out string
+	var err error
+	if p.ClusterCIDR == netip.MustParsePrefix(deployClusterCIDR) {
+		out, err = p.Kubectl(nil, "apply", "-f", filepath.Join(p.Repo, "deploy"))
 	} else {
-		fmt.Fprint(log, out)
+		var m string
+		if m, err = p.deployManifests(); err == nil {
+			out, err = p.Kubectl(strings.NewReader(m), "apply", "-f", "-")
+		}
 	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprint(log, out)
 	if err := p.waitNodes(ctx, log, 3*time.Minute, func(ready bool) bool { return ready }); err != nil {
 		return fmt.Errorf("podwire-agent did not make the nodes Ready: %w (kubectl -n podwire-system logs ds/podwire-agent)", err)
 	}

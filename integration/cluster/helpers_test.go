@@ -45,8 +45,10 @@ func TestMain(m *testing.M) {
 		c := DefaultConfig(repo)
 		c.Dir, c.Prefix = "/tmp/podwire-lab-test", "pwlt"
 		c.Segment = netip.MustParsePrefix("10.252.0.0/24")
-		if v := os.Getenv("NODES"); v == "1" {
-			c.NodeCount = 1
+		// LAB_DIR, LAB_PREFIX, LAB_SEGMENT, LAB_CLUSTER_CIDR and NODES move it aside
+		// (another lab on the machine); PROXY_MODE is the mode it starts in.
+		if c, lab.err = FromEnv(c); lab.err != nil {
+			return m.Run()
 		}
 		// The smoke needs no conformance binary (~7 CPU-minutes of build).
 		c.E2E = os.Getenv("LAB_E2E") == "1"

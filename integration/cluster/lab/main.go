@@ -16,7 +16,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 
@@ -43,16 +42,8 @@ func runCmd(verb string) error {
 		return fmt.Errorf("run the lab from podwire's checkout (make cluster): %w", err)
 	}
 	c := cluster.DefaultConfig(repo)
-	if v := os.Getenv("LAB_DIR"); v != "" {
-		c.Dir = v
-	}
-	if v := os.Getenv("PROXY_MODE"); v != "" {
-		c.ProxyMode = v
-	}
-	if v := os.Getenv("NODES"); v != "" {
-		if c.NodeCount, err = strconv.Atoi(v); err != nil {
-			return fmt.Errorf("NODES=%q: a number, 1 or 2", v)
-		}
+	if c, err = cluster.FromEnv(c); err != nil {
+		return err
 	}
 	if os.Getenv("LAB_E2E") == "0" {
 		c.E2E = false // no conformance binary: a quicker first build
