@@ -147,9 +147,10 @@ cluster-down:
 cluster-check:
 	PODWIRE_LAB=$(LAB_DIR) $(GO) test -count=1 -p 1 -timeout 30m -v ./integration/cluster/
 
-## conformance: e2e.test's [sig-network] [Conformance] specs against a running lab, once
+## conformance: e2e.test's [sig-network] specs against a running lab in three passes ([Conformance];
+## [Serial]; the other HostPort, Services, DNS and Conntrack specs; CONFORMANCE_PASSES picks), once
 ## per kube-proxy mode (CONFORMANCE_MODES=iptables,nftables); the tables go to
-## $(LAB_DIR)/conformance.md, logs and JUnit under $(LAB_DIR)/conformance/<mode>/
+## $(LAB_DIR)/conformance.md, logs and JUnit under $(LAB_DIR)/conformance/<mode>/<pass>/
 conformance:
 	$(LAB_ENV) $(GO) run ./integration/cluster/lab conformance > $(LAB_DIR)/conformance.md
 

@@ -21,6 +21,25 @@ const (
 	ConformanceSkip  = `\[Disruptive\]|\[Serial\]`
 )
 
+// notHere are the specs no lab of this kind can run: behind a feature gate, for one
+// cloud provider or a load balancer, or IPv6 and dual-stack (the lab is IPv4 only).
+const notHere = `\[Feature:|\[FeatureGate:|\[Provider:|LoadBalancer|IPv6|[Dd]ual-?[Ss]tack`
+
+// Pass is one e2e.test run of make conformance.
+type Pass struct {
+	Name, Focus, Skip string
+}
+
+// ConformancePasses are make conformance's runs, in order, per kube-proxy mode: the
+// [Conformance] specs, then sig-network's [Serial] ones alone, then the rest of the
+// HostPort, Services, DNS and Conntrack specs. [Disruptive] ones restart kube-proxy or the
+// API server through a cloud provider's SSH: the skeleton provider cannot.
+var ConformancePasses = []Pass{
+	{"conformance", ConformanceFocus, ConformanceSkip},
+	{"serial", `\[sig-network\].*\[Serial\]`, `\[Disruptive\]|` + notHere},
+	{"extra", `\[sig-network\] (HostPort|Services|DNS|Conntrack) `, `\[Conformance\]|\[Serial\]|\[Disruptive\]|` + notHere},
+}
+
 // SpecResult is one spec of a JUnit report.
 type SpecResult struct {
 	Name     string
@@ -29,14 +48,15 @@ type SpecResult struct {
 	Message  string // the first line of a failure
 }
 
-// RunConformance runs e2e.test against the lab with kube-proxy in mode, writing its
-// output and JUnit report under the run dir, and returns the specs that ran.
-func RunConformance(dir, mode, focus, skip string, log io.Writer) ([]SpecResult, error) {
+// RunConformance runs one pass of e2e.test against the lab with kube-proxy in mode,
+// writing its output and JUnit report under the run dir, and returns the specs that ran.
+func RunConformance(dir, mode string, pass Pass, log io.Writer) ([]SpecResult, error) {
 	p, err := SetProxyMode(dir, mode)
 	if err != nil {
 		return nil, err
 	}
-	out := filepath.Join(p.Dir, "conformance", mode)
+	focus, skip := pass.Focus, pass.Skip
+	out := filepath.Join(p.Dir, "conformance", mode, pass.Name)
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return nil, err
 	}
@@ -51,7 +71,7 @@ func RunConformance(dir, mode, focus, skip string, log io.Writer) ([]SpecResult,
 	}
 	defer f.Close()
 	cmd.Stdout, cmd.Stderr = f, f
-	fmt.Fprintf(log, "e2e.test in kube-proxy mode %s: %s (log %s)\n", mode, strings.Join(cmd.Args, " "), f.Name())
+	fmt.Fprintf(log, "e2e.test pass %s in kube-proxy mode %s: %s (log %s)\n", pass.Name, mode, strings.Join(cmd.Args, " "), f.Name())
 	runErr := cmd.Run() // a failed spec is a non-zero exit: the report says which
 	specs, err := ReadJUnit(filepath.Join(out, "junit_01.xml"))
 	if err != nil {
@@ -121,15 +141,19 @@ func firstLine(s string) string {
 	return s
 }
 
-// ConformanceTable renders one mode's results as a markdown table.
-func ConformanceTable(mode string, specs []SpecResult) string {
+// ConformanceTable renders one pass's results as a markdown table.
+func ConformanceTable(mode, pass string, specs []SpecResult) string {
 	var b strings.Builder
 	count := map[string]int{}
 	for _, s := range specs {
 		count[s.Result]++
 	}
-	fmt.Fprintf(&b, "### kube-proxy mode %s: %d pass, %d fail, %d skip\n\n| spec | result | duration | note |\n|---|---|---|---|\n",
-		mode, count["pass"], count["fail"], count["skip"])
+	var total time.Duration
+	for _, s := range specs {
+		total += s.Duration
+	}
+	fmt.Fprintf(&b, "### kube-proxy mode %s, pass %s: %d pass, %d fail, %d skip (%s)\n\n| spec | result | duration | note |\n|---|---|---|---|\n",
+		mode, pass, count["pass"], count["fail"], count["skip"], total.Round(time.Second))
 	for _, s := range specs {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", strings.ReplaceAll(s.Name, "|", `\|`), s.Result,
 			s.Duration.Round(100*time.Millisecond), strings.ReplaceAll(s.Message, "|", `\|`))

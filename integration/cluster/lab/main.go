@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -63,15 +64,27 @@ func runCmd(verb string) error {
 		if v := os.Getenv("CONFORMANCE_MODES"); v != "" {
 			modes = strings.Split(v, ",")
 		}
-		var tables []string
-		for _, m := range modes {
-			specs, err := cluster.RunConformance(c.Dir, m, cluster.ConformanceFocus, cluster.ConformanceSkip, os.Stderr)
-			if err != nil {
-				return err
+		passes := cluster.ConformancePasses
+		if v := os.Getenv("CONFORMANCE_PASSES"); v != "" {
+			passes = nil
+			for _, name := range strings.Split(v, ",") {
+				i := slices.IndexFunc(cluster.ConformancePasses, func(p cluster.Pass) bool { return p.Name == name })
+				if i < 0 {
+					return fmt.Errorf("CONFORMANCE_PASSES: no pass %q (conformance, serial, extra)", name)
+				}
+				passes = append(passes, cluster.ConformancePasses[i])
 			}
-			tables = append(tables, cluster.ConformanceTable(m, specs))
 		}
-		fmt.Println(strings.Join(tables, "\n"))
+		for _, m := range modes {
+			for _, pass := range passes {
+				specs, err := cluster.RunConformance(c.Dir, m, pass, os.Stderr)
+				if err != nil {
+					return err
+				}
+				// Each table as soon as its pass ends: a long run shows progress.
+				fmt.Println(cluster.ConformanceTable(m, pass.Name, specs))
+			}
+		}
 		return nil
 	case "restart":
 		// One daemon, by its name in the state file: lab restart pwlab-2-kube-proxy.
