@@ -28,6 +28,7 @@ import (
 
 	"github.com/podwire/podwire/integration/kubeapi"
 	"github.com/podwire/podwire/integration/nstest"
+	"github.com/podwire/podwire/internal/benchmd"
 	"github.com/podwire/podwire/pkg/agent/routes"
 )
 
@@ -376,22 +377,11 @@ func procRSS(t *testing.T, pid int) float64 {
 // writeBenchSection replaces the agent-scale section of the file at path (between its
 // markers; appended when absent), leaving the rest as it is.
 func writeBenchSection(t *testing.T, path, table string) {
-	const begin, end = "<!-- bench-agent:begin -->", "<!-- bench-agent:end -->"
-	old, err := os.ReadFile(path)
-	if err != nil && !os.IsNotExist(err) {
-		t.Fatal(err)
-	}
-	section := begin + "\n## podwire-agent at scale (`make bench-agent`)\n\n" + table +
+	body := "## podwire-agent at scale (`make bench-agent`)\n\n" + table +
 		"\nRequests are the agent's own, as the API server's audit log records them (by the node its pod-bound token names); " +
 		"CPU is user+system time over the window; the new Node is created through the API and its route polled in every agent's namespace. " +
-		"For comparison (not measured here): kindnet and flannel watch and cache whole Node objects and act on every Node update; podwire-agent caches five fields of each and ignores updates that change none of them, so the churn costs it only decoding the watch.\n" + end + "\n"
-	s := string(old)
-	if i, j := strings.Index(s, begin), strings.Index(s, end); i >= 0 && j > i {
-		s = s[:i] + section + strings.TrimPrefix(s[j+len(end):], "\n")
-	} else {
-		s = strings.TrimRight(s, "\n") + "\n\n" + section
-	}
-	if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
+		"For comparison (not measured here): kindnet and flannel watch and cache whole Node objects and act on every Node update; podwire-agent caches five fields of each and ignores updates that change none of them, so the churn costs it only decoding the watch.\n"
+	if err := benchmd.WriteSection(path, "bench-agent", body); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -8,7 +8,6 @@
 package bench
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -24,6 +23,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/podwire/podwire/integration/nstest"
+	"github.com/podwire/podwire/internal/benchmd"
 )
 
 // env is one bench run: the three sets, each with its own host netns and pod netns.
@@ -149,11 +149,10 @@ func TestBench(t *testing.T) {
 			must(t, os.MkdirAll(filepath.Dir(out), 0o755), "creating the cache dir")
 		}
 	}
-	// make bench-agent's section (TestAgentScale) is its own: kept as it is.
+	// The sections other targets own (make bench-agent, bench-startup, ...) are kept.
 	if old, err := os.ReadFile(out); err == nil {
-		const begin, end = "<!-- bench-agent:begin -->", "<!-- bench-agent:end -->"
-		if i, j := bytes.Index(old, []byte(begin)), bytes.Index(old, []byte(end)); i >= 0 && j > i {
-			md = strings.TrimRight(md, "\n") + "\n\n" + string(old[i:j+len(end)]) + "\n"
+		for _, sec := range benchmd.Sections(string(old)) {
+			md = strings.TrimRight(md, "\n") + "\n\n" + sec + "\n"
 		}
 	}
 	if err := os.WriteFile(out, []byte(md), 0o644); err != nil {
