@@ -35,7 +35,7 @@ DIST_GOENV  = CGO_ENABLED=0 GOOS=linux GOFLAGS="$(DIST_GOFLAGS)" GOAMD64=v1 GOAR
 # Every file in the tarballs gets the commit's time (reproducible-builds.org's variable).
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 
-.PHONY: all build test unit-test integration-test vet install clean bench bench-quick bench-agent dist notice image fuzz stress demo cluster cluster-down cluster-check conformance
+.PHONY: all build test unit-test integration-test vet install clean bench bench-quick bench-agent dist notice image fuzz stress demo cluster cluster-down cluster-check conformance bench-startup
 
 all: build
 
@@ -146,6 +146,11 @@ cluster-down:
 ## cluster-check: podwire's own checks against a running lab (make cluster first)
 cluster-check:
 	PODWIRE_LAB=$(LAB_DIR) $(GO) test -count=1 -p 1 -timeout 30m -v ./integration/cluster/
+
+## bench-startup: 30 pods at once on a running lab (make cluster), create→Ready with podwire's
+## plugins and with the reference ones, 3 interleaved rounds; writes its section of BENCHMARKS.md
+bench-startup:
+	PODWIRE_LAB_BENCH=1 PODWIRE_LAB=$(LAB_DIR) $(GO) test -count=1 -p 1 -timeout 30m -v -run 'TestPodStartup$$' ./integration/cluster/
 
 ## conformance: e2e.test's [sig-network] specs against a running lab in three passes ([Conformance];
 ## [Serial]; the other HostPort, Services, DNS and Conntrack specs; CONFORMANCE_PASSES picks), once
