@@ -122,12 +122,27 @@ func ReadJUnit(file string) ([]SpecResult, error) {
 				r.Result, r.Message = "skip", firstLine(c.Skipped.Message)
 			case c.Failure != nil:
 				r.Result, r.Message = "fail", firstLine(c.Failure.Message)
+				if r.Message == "" {
+					r.Message = failureLine(c.Failure.Body)
+				}
 			}
 			out = append(out, r)
 		}
 	}
 	sort.Slice(out, func(i, k int) bool { return out[i].Name < out[k].Name })
 	return out, nil
+}
+
+// failureLine is the line of a ginkgo failure report that says what failed: the one
+// after "[FAILED]" (the report's first lines are the spec's location).
+func failureLine(body string) string {
+	for _, l := range strings.Split(body, "\n") {
+		l = strings.TrimSpace(l)
+		if strings.HasPrefix(l, "[FAILED] ") && !strings.HasPrefix(l, "[FAILED] in [") {
+			return firstLine(strings.TrimPrefix(l, "[FAILED] "))
+		}
+	}
+	return firstLine(body)
 }
 
 func firstLine(s string) string {

@@ -40,7 +40,7 @@ var (
 )
 
 // agnhostRecipe changes the cache key whenever the way the rootfs is put together does.
-const agnhostRecipe = "agnhost-rootfs-6"
+const agnhostRecipe = "agnhost-rootfs-7"
 
 // imageCache is where built image archives are kept between runs.
 func (p Plan) imageCache() string { return filepath.Join(p.Repo, ".cache", "kube", "images") }
@@ -109,9 +109,16 @@ func agnhostImage(p Plan, ref string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	// agnhost's image carries CoreDNS as /coredns: the DNS configMap specs run it as
+	// their upstream nameserver.
+	coredns, err := os.ReadFile(p.bin("coredns"))
+	if err != nil {
+		return "", err
+	}
 	h := sha256.New()
 	fmt.Fprintln(h, agnhostRecipe, ref, strings.Join(pkgs, " "))
 	h.Write(agnhost)
+	h.Write(coredns)
 	out := filepath.Join(p.imageCache(), "agnhost-"+hex.EncodeToString(h.Sum(nil))[:16]+".oci.tar")
 	if _, err := os.Stat(out); err == nil {
 		return out, nil
@@ -210,6 +217,9 @@ func agnhostImage(p Plan, ref string) (string, error) {
 		}
 	}
 	if err := os.WriteFile(filepath.Join(root, "agnhost"), agnhost, 0o755); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(root, "coredns"), coredns, 0o755); err != nil {
 		return "", err
 	}
 	// Documentation and glibc's charset converters (8 MB) are never used by these tools.
