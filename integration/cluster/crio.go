@@ -111,10 +111,7 @@ func (s *State) startCRIO(n Node, images []ImageArchive) error {
 // route_localnet, and the pod would answer 127.0.0.1 to itself without the
 // masquerade): docs/crio.md's two commands, in the node's netns (gone with it).
 func localhostHostPorts(n Node) error {
-	for _, argv := range [][]string{
-		{"sysctl", "-qw", "net.ipv4.conf.all.route_localnet=1"},
-		{"iptables", "-w", "-t", "nat", "-I", "POSTROUTING", "-s", "127.0.0.0/8", "!", "-d", "127.0.0.0/8", "-j", "MASQUERADE"},
-	} {
+	for _, argv := range crio.LocalhostHostPorts {
 		if _, err := run(inNode(n, argv...)...); err != nil {
 			return fmt.Errorf("node %s (CRI-O, hostPorts on 127.0.0.1): %w", n.Name, err)
 		}
