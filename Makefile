@@ -130,7 +130,7 @@ image:
 
 ## cluster: a two-node Kubernetes lab on podwire (kubelet, kube-proxy, CoreDNS; see
 ## integration/cluster). PROXY_MODE=iptables|nftables, NODES=1|2, LAB_DIR (default
-## /tmp/podwire-lab). The first run builds the Kubernetes binaries (~1 CPU-hour), later
+## /tmp/podwire-lab), RUNTIMES=containerd,crio (a runtime per node; default containerd). The first run builds the Kubernetes binaries (~1 CPU-hour), later
 ## ones reuse .cache/kube. Ends with the exports for kubectl; stays up until cluster-down.
 PROXY_MODE  ?= iptables
 NODES       ?= 2

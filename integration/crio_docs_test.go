@@ -10,6 +10,7 @@ import (
 
 	"github.com/podwire/podwire/integration/crio"
 	"github.com/podwire/podwire/integration/nstest"
+	"github.com/podwire/podwire/pkg/agent/cri"
 )
 
 // TestCRIODocsCommands keeps docs/crio.md's commands the ones the CRI-O tests run: the
@@ -27,7 +28,7 @@ func TestCRIODocsCommands(t *testing.T) {
 	doc := strings.Join(strings.Fields(string(b)), " ")
 	want := []string{crio.Module + "@" + crio.Version, `-tags "` + crio.BuildTags + `"`, "make -C pinns",
 		"sigs.k8s.io/cri-tools@" + crio.CritestVersion, "-ginkgo.focus=Networking", "-test-images-file=",
-		`"namespace_options": {"pid": 1}`, "--cri-socket=/var/run/crio/crio.sock", "containers-storage:[overlay@"}
+		`"namespace_options": {"pid": 1}`, "--cri-socket=" + cri.DefaultSockets, "containers-storage:[overlay@"}
 	for _, args := range crioLocalhostPrereqs {
 		want = append(want, strings.Join(args, " "))
 	}

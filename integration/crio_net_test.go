@@ -25,15 +25,8 @@ import (
 // containerd's 2^32-1.
 const crioBurst = 34_359_738_359
 
-// crioLocalhostPrereqs are the node settings CRI-O's hostPorts on 127.0.0.1 need and
-// that CRI-O makes none of (cri-o's own CI sets them up the same way): the kernel
-// drops a DNAT of 127.0.0.1 to a pod unless route_localnet is on, and the pod would
-// answer 127.0.0.1 to itself unless the node masquerades 127.0.0.0/8. docs/crio.md
-// shows these commands.
-var crioLocalhostPrereqs = [][]string{
-	{"sysctl", "-w", "net.ipv4.conf.all.route_localnet=1"},
-	{"iptables", "-t", "nat", "-I", "POSTROUTING", "-s", "127.0.0.0/8", "!", "-d", "127.0.0.0/8", "-j", "MASQUERADE"},
-}
+// crioLocalhostPrereqs are crio.LocalhostHostPorts (docs/crio.md shows them).
+var crioLocalhostPrereqs = crio.LocalhostHostPorts
 
 // TestCRIOHostPort: a pod with a hostPort through CRI-O answers on the node's address
 // (from an outside client) and on 127.0.0.1 (from the node), through CRI-O's own

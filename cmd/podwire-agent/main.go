@@ -69,7 +69,7 @@ func parseFlags(args []string) (*options, error) {
 	str(&o.ConflistName, "conflist-name", "10-podwire.conflist", "conflist file name")
 	str(&o.NetworkName, "network-name", "podwire", "network name in the conflist")
 	str(&o.CNIVersion, "cni-version", "auto", "conflist cniVersion: auto (from the CRI runtime's name and version), 1.0.0 or 1.1.0")
-	str(&o.criSocket, "cri-socket", "/run/containerd/containerd.sock", "CRI runtime socket (unix)")
+	str(&o.criSocket, "cri-socket", cri.DefaultSockets, "CRI runtime socket (unix); a comma-separated list: the first that exists on the node")
 	str(&o.CNICacheDir, "cni-cache-dir", "/var/lib/cni", "libcni result cache, as the runtime uses it")
 	str(&o.clusterCIDR, "cluster-cidr", "", "comma-separated cluster pod CIDRs; pod traffic leaving them is masqueraded")
 	str(&o.StateDir, "state-dir", "/var/lib/podwire-agent", "where the agent records what it installed")
@@ -154,8 +154,13 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	if d.Kube, err = kubernetes.NewForConfig(rc); err != nil {
 		return err
 	}
-	if o.criSocket != "" {
-		c, err := cri.Dial(o.criSocket)
+	sock, err := cri.PickSocket(o.criSocket)
+	if err != nil {
+		return err
+	}
+	if sock != "" {
+		log.Info("CRI runtime socket", "socket", sock)
+		c, err := cri.Dial(sock)
 		if err != nil {
 			return err
 		}

@@ -4,6 +4,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -97,29 +98,52 @@ func checks(t *testing.T, p Plan) {
 		f.expect("cli2", "dig +short +search srv1", is(svc.Spec.ClusterIP), "a Service name in the pod's namespace")
 		f.expect("cli1", fmt.Sprintf("dig +short srv1.%s.svc.cluster.local", f.ns), is(svc.Spec.ClusterIP), "a Service's FQDN")
 	})
+	// On every node: a containerd node's hostPorts are podwire's portmap, a CRI-O
+	// node's are CRI-O's own nftables table (it never passes portMappings to CNI).
 	t.Run("HostPort", func(t *testing.T) {
-		f.t = t
-		hp := agnhost("hp", n1.Name, nil)
-		hp.Spec.Containers[0].Ports[0].HostPort = 31080
-		hp.Spec.Containers[0].Ports[1].HostPort = 31081
-		lo := agnhost("hplo", n1.Name, nil)
-		lo.Spec.Containers[0].Ports[0].HostPort, lo.Spec.Containers[0].Ports[0].HostIP = 31090, "127.0.0.1"
-		lo.Spec.Containers[0].Ports[1].HostPort, lo.Spec.Containers[0].Ports[1].HostIP = 31091, "127.0.0.1"
-		hn := agnhost("hostnet", n1.Name, nil)
-		hn.Spec.HostNetwork = true
-		hn.Spec.Containers[0].Args = []string{"netexec", "--http-port=18080", "--udp-port=18081"}
-		hn.Spec.Containers[0].Ports = nil
-		hn.Spec.Containers[0].ReadinessProbe.HTTPGet.Port = intstr.FromInt32(18080)
-		f.run(hp, lo, hn)
-		eventuallyHTTP(t, fmt.Sprintf("http://%s:31080/hostname", n1.IP), "hp")
-		eventuallyUDP(t, fmt.Sprintf("%s:31081", n1.IP), "hp")
-		f.expect("cli2", fmt.Sprintf(curl+"http://%s:31080/hostname", n1.IP), is("hp"), "hostPort from a pod on the other node")
-		f.expect("hostnet", curl+"http://127.0.0.1:31090/hostname", is("hplo"), "tcp hostPort on 127.0.0.1")
-		f.expect("hostnet", "echo hostname | nc -u -w 2 127.0.0.1 31091", is("hplo"), "udp hostPort on 127.0.0.1")
+		for i, n := range p.Nodes {
+			other := "cli2"
+			if n.Name != n1.Name {
+				other = "cli1"
+			}
+			t.Run(n.Name+"-"+n.Runtime, func(t *testing.T) {
+				f.t = t
+				name := func(s string) string { return fmt.Sprintf("%s%d", s, i+1) }
+				hp := agnhost(name("hp"), n.Name, nil)
+				hp.Spec.Containers[0].Ports[0].HostPort = 31080
+				hp.Spec.Containers[0].Ports[1].HostPort = 31081
+				lo := agnhost(name("hplo"), n.Name, nil)
+				lo.Spec.Containers[0].Ports[0].HostPort, lo.Spec.Containers[0].Ports[0].HostIP = 31090, "127.0.0.1"
+				lo.Spec.Containers[0].Ports[1].HostPort, lo.Spec.Containers[0].Ports[1].HostIP = 31091, "127.0.0.1"
+				hn := agnhost(name("hostnet"), n.Name, nil)
+				hn.Spec.HostNetwork = true
+				hn.Spec.Containers[0].Args = []string{"netexec", "--http-port=18080", "--udp-port=18081"}
+				hn.Spec.Containers[0].Ports = nil
+				hn.Spec.Containers[0].ReadinessProbe.HTTPGet.Port = intstr.FromInt32(18080)
+				f.run(hp, lo, hn)
+				if n.Runtime == RuntimeCRIO {
+					elems := strings.Join(crioHostPorts(t, n), "\n")
+					for _, port := range []string{"31080", "31081", "31090", "31091"} {
+						if !strings.Contains(elems, port) {
+							t.Errorf("node %s (CRI-O): no element for hostPort %s in CRI-O's crio-hostports maps:\n%s", n.Name, port, elems)
+						}
+					}
+				}
+				eventuallyHTTP(t, fmt.Sprintf("http://%s:31080/hostname", n.IP), name("hp"))
+				eventuallyUDP(t, fmt.Sprintf("%s:31081", n.IP), name("hp"))
+				f.expect(other, fmt.Sprintf(curl+"http://%s:31080/hostname", n.IP), is(name("hp")), "hostPort from a pod on the other node")
+				f.expect(name("hostnet"), curl+"http://127.0.0.1:31090/hostname", is(name("hplo")), "tcp hostPort on 127.0.0.1")
+				f.expect(name("hostnet"), "echo hostname | nc -u -w 2 127.0.0.1 31091", is(name("hplo")), "udp hostPort on 127.0.0.1")
+			})
+		}
 	})
 	t.Run("Bandwidth", func(t *testing.T) {
-		f.t = t
-		testBandwidth(t, f, p)
+		for _, n := range p.Nodes {
+			t.Run(n.Name+"-"+n.Runtime, func(t *testing.T) {
+				f.t = t
+				testBandwidth(t, f, p, n)
+			})
+		}
 	})
 	t.Run("Cleanup", func(t *testing.T) {
 		f.t = t
@@ -135,6 +159,11 @@ func checks(t *testing.T, p Plan) {
 			}
 			if d != "" {
 				t.Errorf("node %s after deleting every pod differs from before them:\n%s", n.Name, d)
+			}
+			if n.Runtime == RuntimeCRIO {
+				if left := crioHostPorts(t, n); len(left) > 0 {
+					t.Errorf("node %s (CRI-O): hostPort elements left in crio-hostports after deleting every pod:\n%s", n.Name, strings.Join(left, "\n"))
+				}
 			}
 		}
 	})
@@ -176,7 +205,57 @@ func nodeSnapshot(t *testing.T, n Node) nodestate.Snapshot {
 		}
 		s[sec] = strings.Join(keep, "\n")
 	}
+	if n.Runtime == RuntimeCRIO {
+		// CRI-O makes its hostPort table (chains, static rules, empty maps) at its first
+		// hostPort pod and keeps it: its skeleton is not a pod's state. What a pod adds
+		// there are map elements, which Cleanup requires gone (crioHostPorts).
+		var keep []string
+		for _, l := range strings.Split(s["nft"], "\n") {
+			if !strings.Contains(l, " "+crioHostPortsTable) && !crioHostPortsObjects[l] {
+				keep = append(keep, l)
+			}
+		}
+		s["nft"] = strings.Join(keep, "\n")
+	}
 	return s
+}
+
+// CRI-O's hostPort table and its maps and set (cri-o internal/hostport/hostport_nftables.go).
+const crioHostPortsTable = "crio-hostports"
+
+var crioHostPortsObjects = map[string]bool{"map hostports": true, "map hostipports": true, "set hairpins": true}
+
+// crioHostPorts lists the elements of CRI-O's hostPort maps and set in n's netns, both
+// families: one per hostPort of a running pod (and its hairpin entry).
+func crioHostPorts(t *testing.T, n Node) []string {
+	t.Helper()
+	var out []string
+	for _, fam := range []string{"ip", "ip6"} {
+		js, err := run(inNode(n, "nft", "-j", "list", "table", fam, crioHostPortsTable)...)
+		if err != nil {
+			if strings.Contains(err.Error(), "No such file or directory") {
+				continue // no hostPort pod yet: CRI-O has not made the table
+			}
+			t.Fatal(err)
+		}
+		var doc struct {
+			Nftables []map[string]struct {
+				Name string            `json:"name"`
+				Elem []json.RawMessage `json:"elem"`
+			} `json:"nftables"`
+		}
+		if err := json.Unmarshal([]byte(js), &doc); err != nil {
+			t.Fatalf("node %s: nft -j list table %s %s: %v", n.Name, fam, crioHostPortsTable, err)
+		}
+		for _, o := range doc.Nftables {
+			for _, kind := range []string{"map", "set"} {
+				for _, e := range o[kind].Elem {
+					out = append(out, fam+" "+kind+" "+o[kind].Name+": "+string(e))
+				}
+			}
+		}
+	}
+	return out
 }
 
 // service makes a Service in front of the pods labelled app=name, port 80 → 8080.

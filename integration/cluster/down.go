@@ -34,8 +34,9 @@ func Down(dir string, log io.Writer) error {
 		return err
 	}
 	var errs []error
-	// The kubelets and kube-proxies first, so nothing recreates a pod, then containerd.
-	for _, kind := range []string{"-kubelet", "-kube-proxy", "-containerd"} {
+	// The kubelets and kube-proxies first, so nothing recreates a pod, then the runtimes
+	// (CRI-O leaves its pods' conmons running: they go with the node's cgroups below).
+	for _, kind := range []string{"-kubelet", "-kube-proxy", "-containerd", "-crio"} {
 		for _, p := range s.Procs {
 			if strings.HasSuffix(p.Name, kind) {
 				errs = append(errs, p.stop(10*time.Second))

@@ -19,7 +19,8 @@ const deployClusterCIDR = "10.244.0.0/16"
 // several labs (a developer's, the CI smoke's) can run on one machine side by side,
 // LAB_PREFIX (names of links, netns and cgroups), LAB_SEGMENT (the nodes' subnet, which
 // also picks etcd's ports) and LAB_CLUSTER_CIDR (the pod network; deploy/ is applied with
-// the agent's --cluster-cidr rewritten to it).
+// the agent's --cluster-cidr rewritten to it). RUNTIMES (containerd or crio per node,
+// comma-separated, in node order) runs a node on CRI-O instead of containerd.
 func FromEnv(c Config) (Config, error) {
 	if v := os.Getenv("LAB_DIR"); v != "" {
 		c.Dir = v
@@ -33,6 +34,12 @@ func FromEnv(c Config) (Config, error) {
 			return c, fmt.Errorf("NODES=%q: a number, 1 or 2", v)
 		}
 		c.NodeCount = n
+	}
+	if v := os.Getenv("RUNTIMES"); v != "" {
+		c.Runtimes = strings.Split(v, ",")
+		for i := range c.Runtimes {
+			c.Runtimes[i] = strings.TrimSpace(c.Runtimes[i])
+		}
 	}
 	if v := os.Getenv("LAB_PREFIX"); v != "" {
 		c.Prefix = v

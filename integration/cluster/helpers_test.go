@@ -229,7 +229,8 @@ func labDiff(before, after string, p Plan) string {
 			continue
 		}
 		keep := strings.Contains(l, " = ") || strings.HasPrefix(l[2:], "/var/") || strings.HasPrefix(l[2:], "/etc/cni") ||
-			strings.HasPrefix(l[2:], "/opt/") || strings.HasPrefix(l[2:], "/run/containerd") || strings.HasPrefix(l[2:], "/run/podwire")
+			strings.HasPrefix(l[2:], "/opt/") || strings.HasPrefix(l[2:], "/run/containerd") || strings.HasPrefix(l[2:], "/run/podwire") ||
+			strings.HasPrefix(l[2:], "/run/crio")
 		for _, k := range keys {
 			keep = keep || strings.Contains(l, k)
 		}

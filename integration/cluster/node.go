@@ -12,9 +12,11 @@ import (
 
 // Inside a node's mount namespace containerd keeps its default paths: /var/lib/containerd
 // and /run/containerd are the node's own binds, and deploy/'s podwire-agent finds the CRI
-// socket where it looks for it.
+// socket where it looks for it (CRI-O's, on a CRI-O node, in the /run/crio bind).
 const (
-	criSocket   = "/run/containerd/containerd.sock"
+	criSocket = "/run/containerd/containerd.sock"
+	// crioSocket is CRI-O's packaged socket path, inside a CRI-O node's /run/crio bind.
+	crioSocket  = "/run/crio/crio.sock"
 	podCNIBin   = "/opt/cni/bin"
 	podCNIConf  = "/etc/cni/net.d"
 	PauseImage  = "registry.k8s.io/pause:3.10.2"
@@ -88,7 +90,7 @@ imageGCHighThresholdPercent: 100
 serializeImagePulls: false
 rotateCertificates: false
 serverTLSBootstrap: false
-`, n.Cgroup, criSocket, p.pki("ca.crt"), clusterZone, p.DNS, n.Path("resolv.conf"), n.IP)
+`, n.Cgroup, n.socket(), p.pki("ca.crt"), clusterZone, p.DNS, n.Path("resolv.conf"), n.IP)
 }
 
 func (p Plan) kubeProxyConfig(n Node) string {
@@ -107,11 +109,20 @@ healthzBindAddress: 127.0.0.1:10256
 `, p.pki("kube-proxy.kubeconfig"), n.Name, p.ProxyMode, p.ClusterCIDR)
 }
 
+// socket is the CRI socket of n's runtime, inside n's mount namespace.
+func (n Node) socket() string {
+	if n.Runtime == RuntimeCRIO {
+		return crioSocket
+	}
+	return criSocket
+}
+
 // sysCgroup is the cgroup of a node's daemons (containerd and so its shims, the kubelet,
 // kube-proxy): Down kills what is left in it.
 func (n Node) sysCgroup() string { return n.Cgroup + "-sys" }
 
-// startNode starts containerd in n, imports the images, then the kubelet and kube-proxy.
+// startNode starts n's runtime (containerd or CRI-O) with the images in it, then the
+// kubelet and kube-proxy.
 func (s *State) startNode(ctx context.Context, n Node, images []ImageArchive) error {
 	p := s.Plan
 	for _, cg := range []string{n.Cgroup, n.sysCgroup()} {
@@ -120,7 +131,6 @@ func (s *State) startNode(ctx context.Context, n Node, images []ImageArchive) er
 		}
 	}
 	files := map[string]string{
-		"containerd.toml": p.containerdConfig(n),
 		"kubelet.yaml":    p.kubeletConfig(n),
 		"kube-proxy.yaml": p.kubeProxyConfig(n),
 		"resolv.conf":     "# The lab has no upstream resolver: pods resolve cluster names only.\noptions ndots:5\n",
@@ -131,8 +141,31 @@ func (s *State) startNode(ctx context.Context, n Node, images []ImageArchive) er
 		}
 	}
 	path := "PATH=" + p.ContainerdDir + ":" + sbinPath
+	var err error
+	if n.Runtime == RuntimeCRIO {
+		err = s.startCRIO(n, images)
+	} else {
+		err = s.startContainerd(n, images)
+	}
+	if err != nil {
+		return err
+	}
+	if _, err := s.startDaemon(n.Name+"-kubelet", n.sysCgroup(), inNode(n, p.bin("kubelet"),
+		"--config="+n.Path("kubelet.yaml"), "--kubeconfig="+p.pki("kubelet-"+n.Name+".kubeconfig"),
+		"--hostname-override="+n.Name, "--node-ip="+n.IP.String(), "--root-dir=/var/lib/kubelet", "--v=1"), []string{path}); err != nil {
+		return err
+	}
+	return s.startProxy(n)
+}
+
+// startContainerd starts containerd 2.x in n and imports the images into it.
+func (s *State) startContainerd(n Node, images []ImageArchive) error {
+	p := s.Plan
+	if err := os.WriteFile(n.Path("containerd.toml"), []byte(p.containerdConfig(n)), 0o644); err != nil {
+		return err
+	}
 	ctrd, err := s.startDaemon(n.Name+"-containerd", n.sysCgroup(), inNode(n, filepath.Join(p.ContainerdDir, "containerd"),
-		"--config", n.Path("containerd.toml")), []string{path})
+		"--config", n.Path("containerd.toml")), []string{"PATH=" + p.ContainerdDir + ":" + sbinPath})
 	if err != nil {
 		return err
 	}
@@ -147,12 +180,7 @@ func (s *State) startNode(ctx context.Context, n Node, images []ImageArchive) er
 			return err
 		}
 	}
-	if _, err := s.startDaemon(n.Name+"-kubelet", n.sysCgroup(), inNode(n, p.bin("kubelet"),
-		"--config="+n.Path("kubelet.yaml"), "--kubeconfig="+p.pki("kubelet-"+n.Name+".kubeconfig"),
-		"--hostname-override="+n.Name, "--node-ip="+n.IP.String(), "--root-dir=/var/lib/kubelet", "--v=1"), []string{path}); err != nil {
-		return err
-	}
-	return s.startProxy(n)
+	return nil
 }
 
 func (s *State) startProxy(n Node) error {

@@ -41,6 +41,9 @@ type Config struct {
 	DNS                      netip.Addr
 	// Agent says whether Up applies deploy/ (podwire-agent) and CoreDNS.
 	Agent bool
+	// Runtimes is each node's container runtime, in node order: "containerd" (the
+	// default for a node not listed) or "crio" (CRI-O from integration/crio's build).
+	Runtimes []string
 	// E2E says whether Up builds e2e.test too (the conformance run needs it; it also
 	// names the agnhost images e2e expects). The CI smoke leaves it out.
 	E2E bool
@@ -72,7 +75,14 @@ type Node struct {
 	MountNS string     // the file its mount namespace is pinned at
 	NetNS   string     // the file its network namespace is pinned at
 	Cgroup  string     // the kubelet's cgroupRoot, e.g. /pwlab-1
+	Runtime string     // RuntimeContainerd or RuntimeCRIO
 }
+
+// The runtimes a node can run (RUNTIMES).
+const (
+	RuntimeContainerd = "containerd"
+	RuntimeCRIO       = "crio"
+)
 
 // NodeDirs are the node-local directories: each is a private bind inside the node's
 // mount namespace (source under Node.Dir, target on the machine's path), so containerd,
@@ -82,6 +92,9 @@ var NodeDirs = []string{
 	"/var/lib/kubelet", "/var/lib/containerd", "/run/containerd", "/etc/cni/net.d", "/opt/cni/bin",
 	"/var/lib/cni", "/var/log/pods", "/var/log/containers", "/run/netns", "/var/lib/podwire-agent",
 	"/run/podwire",
+	// CRI-O's socket dir (deploy/'s DaemonSet mounts it on every node) and
+	// containers/image's blob-info cache, which skopeo keeps there with no option to move it.
+	"/run/crio", "/var/lib/containers",
 }
 
 // KernelSysctls are the host-wide sysctls the kubelet rewrites at start (it wants these
@@ -104,6 +117,8 @@ type Plan struct {
 	Nodes         []Node
 	BinDir        string // the Kubernetes binaries (filled by Up)
 	ContainerdDir string // containerd 2.x, its shim and ctr (filled by Up)
+	CRIODir       string // CRI-O's crio and pinns (filled by Up when a node runs CRI-O)
+	Crictl        string // crictl (filled by Up when a node runs CRI-O)
 	PKI           string // certificates and kubeconfigs
 	Logs          string
 	StateFile     string
@@ -135,6 +150,10 @@ func NewPlan(c Config) (Plan, error) {
 	if c.ClusterCIDR.Overlaps(c.ServiceCIDR) || c.ClusterCIDR.Overlaps(c.Segment) || c.ServiceCIDR.Overlaps(c.Segment) {
 		return Plan{}, fmt.Errorf("segment %s, cluster CIDR %s and service CIDR %s must not overlap", c.Segment, c.ClusterCIDR, c.ServiceCIDR)
 	}
+	runtimes, err := nodeRuntimes(c.Runtimes, c.NodeCount)
+	if err != nil {
+		return Plan{}, err
+	}
 	if !c.ServiceCIDR.Contains(c.DNS) {
 		return Plan{}, fmt.Errorf("cluster DNS %s is outside the service CIDR %s", c.DNS, c.ServiceCIDR)
 	}
@@ -161,9 +180,44 @@ func NewPlan(c Config) (Plan, error) {
 		p.Nodes = append(p.Nodes, Node{
 			Name: name, IP: ip, HostEnd: fmt.Sprintf("%sh%d", c.Prefix, i), Dir: dir,
 			MountNS: filepath.Join(c.Dir, "ns", name+".mnt"), NetNS: filepath.Join(c.Dir, "ns", name+".net"), Cgroup: "/" + name,
+			Runtime: runtimes[i-1],
 		})
 	}
 	return p, nil
+}
+
+// nodeRuntimes checks RUNTIMES against the node count: one entry per node, or none
+// (every node containerd).
+func nodeRuntimes(list []string, nodes int) ([]string, error) {
+	out := make([]string, nodes)
+	for i := range out {
+		out[i] = RuntimeContainerd
+	}
+	if len(list) == 0 {
+		return out, nil
+	}
+	if len(list) != nodes {
+		return nil, fmt.Errorf("RUNTIMES=%s names %d runtimes for %d nodes: one per node in order, e.g. RUNTIMES=containerd,crio with NODES=2", strings.Join(list, ","), len(list), nodes)
+	}
+	for i, r := range list {
+		switch r {
+		case RuntimeContainerd, RuntimeCRIO:
+			out[i] = r
+		default:
+			return nil, fmt.Errorf("RUNTIMES=%s: runtime %q for node %d: write containerd or crio, one per node (e.g. RUNTIMES=containerd,crio)", strings.Join(list, ","), r, i+1)
+		}
+	}
+	return out, nil
+}
+
+// HasRuntime reports whether a node of the plan runs r.
+func (p Plan) HasRuntime(r string) bool {
+	for _, n := range p.Nodes {
+		if n.Runtime == r {
+			return true
+		}
+	}
+	return false
 }
 
 // Path is a file of the node's own below its root.

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -33,7 +34,7 @@ func Up(ctx context.Context, c Config, log io.Writer) (Plan, error) {
 	if old, err := loadState(p.StateFile); err != nil {
 		return Plan{}, err
 	} else if old != nil {
-		if old.running() && old.Plan.ProxyMode == p.ProxyMode && len(old.Plan.Nodes) == len(p.Nodes) {
+		if old.running() && old.Plan.ProxyMode == p.ProxyMode && slices.Equal(old.Plan.runtimes(), p.runtimes()) {
 			fmt.Fprintln(log, "the lab is already up (make cluster-down to remove it)")
 			printExports(log, old.Plan)
 			return old.Plan, nil
@@ -52,6 +53,9 @@ func Up(ctx context.Context, c Config, log io.Writer) (Plan, error) {
 		return Plan{}, err
 	}
 	p.ContainerdDir = filepath.Dir(rt.Containerd)
+	if err := ensureCRIO(&p); err != nil {
+		return Plan{}, err
+	}
 	coredns, err := ensureCoreDNS(p.Repo)
 	if err != nil {
 		return Plan{}, err
@@ -113,7 +117,8 @@ func Up(ctx context.Context, c Config, log io.Writer) (Plan, error) {
 			return p, err
 		}
 	}
-	fmt.Fprintf(log, "the lab is up in %s (kube-proxy mode %s); make cluster-down removes it\n", time.Since(start).Round(time.Second), p.ProxyMode)
+	fmt.Fprintf(log, "the lab is up in %s (kube-proxy mode %s, runtimes %s); make cluster-down removes it\n",
+		time.Since(start).Round(time.Second), p.ProxyMode, strings.Join(p.runtimes(), ","))
 	printExports(log, p)
 	return p, nil
 }
@@ -143,6 +148,15 @@ func (p Plan) agnhostNames() []string {
 		}
 	}
 	return names
+}
+
+// runtimes is each node's runtime, in node order.
+func (p Plan) runtimes() []string {
+	var out []string
+	for _, n := range p.Nodes {
+		out = append(out, n.Runtime)
+	}
+	return out
 }
 
 func printExports(log io.Writer, p Plan) {

@@ -63,6 +63,9 @@ type ConfigParams struct {
 	CNIConfDir  string
 	CNIBinDir   string
 	LogLevel    string
+	// PauseImage is pause_image; "" is SandboxImage. CRI-O needs it in its storage even
+	// for pods that run no infra container.
+	PauseImage string
 }
 
 // Config renders CRI-O's config file: every path CRI-O writes to is below p.Dir, so
@@ -75,6 +78,9 @@ func Config(p ConfigParams) (string, error) {
 	if p.LogLevel == "" {
 		p.LogLevel = "info"
 	}
+	if p.PauseImage == "" {
+		p.PauseImage = SandboxImage
+	}
 	var b bytes.Buffer
 	if err := configTemplate.Execute(&b, p); err != nil {
 		return "", err
@@ -83,9 +89,8 @@ func Config(p ConfigParams) (string, error) {
 }
 
 var configTemplate = template.Must(template.New("crio.conf").Funcs(template.FuncMap{
-	"q":       strconv.Quote,
-	"conmon":  func() string { return Conmon },
-	"sandbox": func() string { return SandboxImage },
+	"q":      strconv.Quote,
+	"conmon": func() string { return Conmon },
 }).Parse(`# Written by podwire's integration harness (integration/crio).
 [crio]
 root = {{q .Root}}
@@ -130,7 +135,7 @@ monitor_path = {{q (conmon)}}
 monitor_cgroup = "pod"
 
 [crio.image]
-pause_image = {{q (sandbox)}}
+pause_image = {{q .PauseImage}}
 signature_policy = {{q .SignaturePolicy}}
 signature_policy_dir = {{q (print .Dir "/policies")}}
 global_auth_file = ""

@@ -105,9 +105,9 @@ func Start(t testing.TB, o Options) *Daemon {
 	}
 	d.crictl, d.crictlConf = crictl, filepath.Join(o.Dir, "crictl.yaml")
 	crictlConf := fmt.Sprintf("runtime-endpoint: unix://%s\nimage-endpoint: unix://%s\ntimeout: 60\npull-image-on-create: false\n", d.Socket, d.Socket)
-	runtime := ""
-	if !hasCapSysResource() {
-		runtime = d.buildGo(o.Repo, "runcclamp", "./integration/crio/runcclamp")
+	runtime, err := RuntimePath(o.Repo, o.Dir)
+	if err != nil {
+		t.Fatal(err)
 	}
 	cfg, err := Config(ConfigParams{Paths: d.Paths, Pinns: o.Bin.Pinns, RuntimePath: runtime, CNIConfDir: o.CNIConfDir, CNIBinDir: o.CNIBinDir})
 	if err != nil {
@@ -389,34 +389,10 @@ func removeIfCreated(t testing.TB, dir string, only []string) func() {
 func (d *Daemon) buildGo(repo, name, pkg string) string {
 	d.t.Helper()
 	out := filepath.Join(d.Dir, name)
-	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, pkg)
-	build.Dir = repo
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := build.CombinedOutput(); err != nil {
-		d.t.Fatalf("building %s: %v\n%s", pkg, err, b)
+	if err := BuildGo(repo, pkg, out); err != nil {
+		d.t.Fatal(err)
 	}
 	return out
-}
-
-// hasCapSysResource reports whether this process may lower oom_score_adj below its
-// own. Without it (this kind of machine: root's bounding set lacks bit 24) runc
-// fails every container whose spec asks for a lower score, which CRI-O does for infra
-// containers (-998): the runc handler then runs through runcclamp.
-func hasCapSysResource() bool {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return false
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
-			var caps uint64
-			if _, err := fmt.Sscanf(strings.TrimSpace(v), "%x", &caps); err != nil {
-				return false
-			}
-			return caps&(1<<24) != 0
-		}
-	}
-	return false
 }
 
 // Crictl runs crictl against this CRI-O and returns its stdout.

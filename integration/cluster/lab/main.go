@@ -3,7 +3,7 @@
 // Command lab brings podwire's Kubernetes lab up and down (make cluster, make
 // cluster-down): see package integration/cluster.
 //
-//	go run ./integration/cluster/lab up      # PROXY_MODE=iptables|nftables NODES=1|2 LAB_DIR=/tmp/podwire-lab
+//	go run ./integration/cluster/lab up      # PROXY_MODE=iptables|nftables NODES=1|2 LAB_DIR=/tmp/podwire-lab RUNTIMES=containerd,crio
 //	go run ./integration/cluster/lab down
 //	go run ./integration/cluster/lab restart pwlab-2-kubelet   # one daemon, as it was started
 //	go run ./integration/cluster/lab snapshot > before.txt   # the machine's state the lab must leave as it was
@@ -25,7 +25,7 @@ import (
 
 func main() {
 	flag.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: lab up|down|restart NAME|snapshot   (environment: PROXY_MODE, NODES, LAB_DIR, LAB_E2E=0)")
+		fmt.Fprintln(os.Stderr, "usage: lab up|down|restart NAME|snapshot   (environment: PROXY_MODE, NODES, LAB_DIR, RUNTIMES, LAB_E2E=0)")
 	}
 	flag.Parse()
 	if err := runCmd(flag.Arg(0)); err != nil {
