@@ -19,6 +19,9 @@ const (
 	CoreDNSVersion = "v1.15.0"
 	// CoreDNSImage is the name the lab's CoreDNS image is imported under.
 	CoreDNSImage = "registry.k8s.io/coredns/coredns:" + CoreDNSVersion
+	// RegressionImage is the server of the Conntrack invalid-state spec, under the name
+	// e2e.test expects.
+	RegressionImage = "registry.k8s.io/e2e-test-images/regression-issue-74839:1.5"
 	// AgentImage is the podwire-agent image deploy/ names.
 	AgentImage = "docker.io/podwire/podwire-agent:dev"
 )

@@ -30,17 +30,18 @@ type ImageArchive struct {
 
 // agnhostPackages are what agnhost's specs exec beside agnhost itself: sh (dash: busybox's
 // sh runs its own applets before PATH, and its nc has no -u), the small tools
-// (busybox-static, a static binary), curl, nc, dig, ss and getent (libc-bin: the DNS
-// specs resolve with it). Their dependencies come
+// (busybox-static, a static binary), curl, wget (busybox-static's own wget dies of a
+// segmentation fault on every request here, and the Services specs poll with it), nc,
+// dig, ss and getent (libc-bin: the DNS specs resolve with it). Their dependencies come
 // from apt; agnhostSkip are dependencies of maintainer scripts, never run here.
 var (
-	agnhostPackages = []string{"dash", "busybox-static", "curl", "bind9-dnsutils", "iproute2", "netcat-openbsd", "libc-bin", "bash"}
+	agnhostPackages = []string{"dash", "busybox-static", "curl", "wget", "bind9-dnsutils", "iproute2", "netcat-openbsd", "libc-bin", "bash"}
 	agnhostSkip     = map[string]bool{"debconf": true, "cdebconf": true, "dpkg": true, "install-info": true, "tar": true,
 		"libdebian-installer4": true, "libnewt0.52": true, "libslang2": true, "libtextwrap1": true}
 )
 
 // agnhostRecipe changes the cache key whenever the way the rootfs is put together does.
-const agnhostRecipe = "agnhost-rootfs-7"
+const agnhostRecipe = "agnhost-rootfs-8"
 
 // imageCache is where built image archives are kept between runs.
 func (p Plan) imageCache() string { return filepath.Join(p.Repo, ".cache", "kube", "images") }
@@ -63,11 +64,16 @@ func buildImages(p Plan, agnhostNames []string, coredns string) ([]ImageArchive,
 	if err != nil {
 		return nil, err
 	}
+	// As upstream builds it: the one static binary as its entrypoint.
+	regression, err := fileImage(p, "regression-issue-74839", p.bin("regression-issue-74839"), RegressionImage)
+	if err != nil {
+		return nil, err
+	}
 	agent, err := agentImage(p)
 	if err != nil {
 		return nil, err
 	}
-	return []ImageArchive{pause, {Path: agn, Names: agnhostNames}, dns, agent}, nil
+	return []ImageArchive{pause, {Path: agn, Names: agnhostNames}, dns, regression, agent}, nil
 }
 
 // goImage builds a static Go program of podwire's repo into a one-file image.

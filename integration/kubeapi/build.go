@@ -61,6 +61,8 @@ var (
 		kubeProgram("kube-scheduler", "k8s.io/kubernetes/cmd/kube-scheduler"),
 		kubeProgram("kubectl", "k8s.io/kubernetes/cmd/kubectl"),
 		kubeProgram("agnhost", "k8s.io/kubernetes/test/images/agnhost"),
+		// The server of the Conntrack "invalid conntrack state" spec (its own image).
+		kubeProgram("regression-issue-74839", "k8s.io/kubernetes/test/images/regression-issue-74839"),
 	}
 	e2eProgram = program{"e2e.test", kubeModule, "k8s.io/kubernetes/test/e2e", "k8s.io/kubernetes", KubernetesVersion, true}
 )
