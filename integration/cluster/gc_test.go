@@ -6,9 +6,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -42,8 +45,18 @@ func TestGCReclaimsKilledSandbox(t *testing.T) {
 	if period == 0 {
 		t.Fatal("deploy/'s DaemonSet disables the agent's GC (--gc-period=0)")
 	}
+	// kube-proxy in iptables mode, as on an iptables-only node; portmap's Auto backend
+	// is then iptables (the node has the tools), so the victim's hostPort rules are in
+	// iptables, where only an agent image with iptables tools can find and remove them.
+	if p, err = SetProxyMode(p.Dir, "iptables"); err != nil {
+		t.Fatal(err)
+	}
+	n = p.Nodes[0]
+	checkAgentIPTables(t, p, n)
 	f := newFixture(t, p)
-	f.run(agnhost("victim", n.Name, nil), agnhost("live", n.Name, nil))
+	v := agnhost("victim", n.Name, nil)
+	v.Spec.Containers[0].Ports[0].HostPort = 31580
+	f.run(v, agnhost("live", n.Name, nil))
 	// The GC keeps attachments younger than the grace; the victim's ADD is done now.
 	added := time.Now()
 	victim := attachmentOf(t, p, n, f.pods["victim"])
@@ -54,6 +67,10 @@ func TestGCReclaimsKilledSandbox(t *testing.T) {
 		}
 	}
 
+	if r := victim.rules(t, n); len(r) == 0 || !strings.HasPrefix(r[0], "iptables-save: ") {
+		t.Fatalf("the victim's hostPort made no iptables rules naming its sandbox %s (portmap picks iptables where it is installed): %q", victim.id, r)
+	}
+	rulesBefore := reclaimed(t, n, "rule")
 	// The runtime's pin of the lost sandbox's netns is containerd's, not the CNI's: the
 	// agent leaves it, the test removes it.
 	t.Cleanup(func() { removeNetNSPin(t, n, victim.netns) })
@@ -97,11 +114,65 @@ func TestGCReclaimsKilledSandbox(t *testing.T) {
 	} else {
 		t.Logf("the agent's GC reclaimed sandbox %s %s after its ADD", victim.id, time.Since(added).Round(time.Second))
 	}
+	// The agent counts what it reclaimed by listing the rules itself, in iptables too.
+	if got := reclaimed(t, n, "rule"); got <= rulesBefore {
+		t.Errorf("podwire_agent_gc_reclaimed_total{kind=\"rule\"} is %v, %v before the leak: the agent did not see the iptables rules it reclaimed", got, rulesBefore)
+	}
 	for _, a := range []attachment{live, reborn} {
 		if gone := a.missing(t, n); len(gone) > 0 {
 			t.Errorf("live pod %s's attachment %s lost %v", a.pod, a.id, gone)
 		}
 	}
+}
+
+// checkAgentIPTables requires the agent's image to have iptables tools in the node's
+// mode: `iptables --version` in the agent's container names the flavour (nf_tables or
+// legacy) of the node's own iptables, which its wrapper chose from the node's rules.
+func checkAgentIPTables(t *testing.T, p Plan, n Node) {
+	t.Helper()
+	host, err := run(inNode(n, "iptables", "--version")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, err := p.Kubectl(nil, "-n", "podwire-system", "get", "pods", "-l", "app.kubernetes.io/name=podwire-agent",
+		"--field-selector", "spec.nodeName="+n.Name, "-o", "jsonpath={.items[0].metadata.name}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := p.Kubectl(nil, "-n", "podwire-system", "exec", strings.TrimSpace(pod), "--", "iptables", "--version")
+	if err != nil {
+		t.Fatalf("the agent's image has no working iptables (make image ships Debian's behind tools/iptables-wrapper): %v", err)
+	}
+	if strings.TrimSpace(got) != strings.TrimSpace(host) {
+		t.Fatalf("the agent's iptables is %q, the node's %q: the wrapper chose the other mode", strings.TrimSpace(got), strings.TrimSpace(host))
+	}
+}
+
+// reclaimed is the agent's podwire_agent_gc_reclaimed_total{kind} on n (hostNetwork,
+// metrics on :9310).
+func reclaimed(t *testing.T, n Node, kind string) float64 {
+	t.Helper()
+	resp, err := http.Get(fmt.Sprintf("http://%s:9310/metrics", n.IP))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix := `podwire_agent_gc_reclaimed_total{kind="` + kind + `"} `
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, prefix); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("the agent on %s reports no %s", n.Name, prefix)
+	return 0
 }
 
 // agentGCTimes are the DaemonSet's --gc-period and --gc-grace (flag or PODWIRE_ env),
