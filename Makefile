@@ -119,14 +119,16 @@ bench-agent:
 bench-quick:
 	PODWIRE_BENCH=quick $(GO) test -count=1 -p 1 -timeout 10m -run TestBench -v ./integration/bench/
 
-## image: podwire-agent's OCI image tarball (init + agent + plugins), no container daemon needed;
-## load it with `ctr -n k8s.io images import $(IMAGE_TAR)`
+## image: podwire-agent's OCI image tarball (init + agent + plugins + Debian's iptables from
+## this machine behind tools/iptables-wrapper, which picks the host's nft or legacy mode),
+## no container daemon needed; load it with `ctr -n k8s.io images import $(IMAGE_TAR)`
 image:
-	rm -rf $(DIST_DIR)/image-bin
+	rm -rf $(DIST_DIR)/image-bin $(DIST_DIR)/image-tools
 	$(MAKE) build BIN_DIR=$(DIST_DIR)/image-bin
+	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags '$(LDFLAGS)' -o $(DIST_DIR)/image-tools/iptables-wrapper ./tools/iptables-wrapper
 	@mkdir -p $(DIST_DIR)
-	$(GO) run ./hack/mkimage -agent $(DIST_DIR)/image-bin/podwire-agent -init $(DIST_DIR)/image-bin/podwire-init -plugins $(DIST_DIR)/image-bin -name $(IMAGE_NAME) -o $(IMAGE_TAR)
-	rm -rf $(DIST_DIR)/image-bin
+	$(GO) run ./hack/mkimage -agent $(DIST_DIR)/image-bin/podwire-agent -init $(DIST_DIR)/image-bin/podwire-init -plugins $(DIST_DIR)/image-bin -iptables-wrapper $(DIST_DIR)/image-tools/iptables-wrapper -name $(IMAGE_NAME) -o $(IMAGE_TAR)
+	rm -rf $(DIST_DIR)/image-bin $(DIST_DIR)/image-tools
 
 ## cluster: a two-node Kubernetes lab on podwire (kubelet, kube-proxy, CoreDNS; see
 ## integration/cluster). PROXY_MODE=iptables|nftables, NODES=1|2, LAB_DIR (default

@@ -4,9 +4,11 @@
 // (github.com/google/go-containerregistry): one layer holding the agent at
 // /podwire-agent, its init at /podwire-init (the entrypoint: /podwire-init /podwire-agent,
 // see cmd/podwire-init) and the plugins under /podwire/bin, written as an OCI image
-// layout in a tar archive that `ctr images import` accepts.
+// layout in a tar archive that `ctr images import` accepts. With -iptables-wrapper, the
+// layer also holds the build machine's Debian iptables package (xtables.go): the
+// programs GC and the plugins' iptables backend run on an iptables node.
 //
-//	go run ./hack/mkimage -agent bin/podwire-agent -init bin/podwire-init -plugins bin -name docker.io/podwire/podwire-agent:v1 -o podwire-agent.oci.tar
+//	go run ./hack/mkimage -agent bin/podwire-agent -init bin/podwire-init -plugins bin -iptables-wrapper bin/iptables-wrapper -name docker.io/podwire/podwire-agent:v1 -o podwire-agent.oci.tar
 package main
 
 import (
@@ -38,8 +40,9 @@ func main() {
 	name := flag.String("name", "docker.io/podwire/podwire-agent:dev", "image reference recorded in the archive")
 	out := flag.String("o", "podwire-agent.oci.tar", "output archive")
 	arch := flag.String("arch", runtime.GOARCH, "image architecture")
+	wrapper := flag.String("iptables-wrapper", "", "tools/iptables-wrapper's binary: ship Debian's iptables (installed here) behind it; empty: no iptables tools")
 	flag.Parse()
-	if err := build(*agent, *initBin, *plugins, *name, *out, *arch); err != nil {
+	if err := build(*agent, *initBin, *plugins, *wrapper, *name, *out, *arch); err != nil {
 		fmt.Fprintln(os.Stderr, "mkimage:", err)
 		os.Exit(1)
 	}
@@ -49,7 +52,7 @@ func main() {
 // epoch keeps the archive reproducible.
 var epoch = time.Unix(0, 0).UTC()
 
-func layerTar(agent, initBin, plugins string) ([]byte, error) {
+func layerTar(agent, initBin, plugins, wrapper string) ([]byte, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	dir := func(name string) error {
@@ -94,14 +97,23 @@ func layerTar(agent, initBin, plugins string) ([]byte, error) {
 	if n == 0 {
 		return nil, fmt.Errorf("no plugin binaries in %s", plugins)
 	}
+	if wrapper != "" {
+		files, err := xtablesFiles()
+		if err != nil {
+			return nil, err
+		}
+		if err := writeXtables(tw, files, wrapper); err != nil {
+			return nil, err
+		}
+	}
 	if err := tw.Close(); err != nil {
 		return nil, err
 	}
 	return buf.Bytes(), nil
 }
 
-func build(agent, initBin, plugins, name, out, arch string) error {
-	lt, err := layerTar(agent, initBin, plugins)
+func build(agent, initBin, plugins, wrapper, name, out, arch string) error {
+	lt, err := layerTar(agent, initBin, plugins, wrapper)
 	if err != nil {
 		return err
 	}
@@ -124,7 +136,11 @@ func build(agent, initBin, plugins, name, out, arch string) error {
 	// The init is PID 1 and reaps every orphan of what the agent runs; the DaemonSet
 	// passes only args, which follow the agent (cmd/podwire-agent/README.md, "PID 1").
 	cf.Config.Entrypoint = []string{"/podwire-init", "/podwire-agent"}
+	// /usr/sbin: the iptables tools, for the agent and the plugins it runs.
 	cf.Config.Env = []string{"PATH=/podwire/bin"}
+	if wrapper != "" {
+		cf.Config.Env = []string{"PATH=/podwire/bin:/usr/sbin"}
+	}
 	cf.Config.Labels = map[string]string{"org.opencontainers.image.source": "https://github.com/podwire/podwire"}
 	if img, err = mutate.ConfigFile(img, cf); err != nil {
 		return err

@@ -51,25 +51,52 @@ func (s *State) startDaemon(name, cgroup string, argv []string, env []string) (P
 // Restart stops the lab's daemon name (e.g. "pwlab-2-kubelet") and starts it again as
 // it was started.
 func Restart(dir, name string) error {
-	s, err := loadState(filepath.Join(dir, "state.json"))
+	if err := Stop(dir, name); err != nil {
+		return err
+	}
+	return Start(dir, name)
+}
+
+// Stop stops the lab's daemon name and leaves it stopped (its entry stays in the state,
+// so Start, Restart or Down find it): a test stops a kubelet to act behind its back.
+func Stop(dir, name string) error {
+	s, i, err := daemon(dir, name)
 	if err != nil {
 		return err
 	}
-	if s == nil {
-		return fmt.Errorf("no lab in %s: run make cluster", dir)
-	}
-	for i, p := range s.Procs {
-		if p.Name != name {
-			continue
-		}
-		if err := p.stop(15 * time.Second); err != nil {
-			return err
-		}
-		s.Procs = append(s.Procs[:i], s.Procs[i+1:]...)
-		_, err := s.startDaemon(p.Name, p.Cgroup, p.Argv, p.Env)
+	return s.Procs[i].stop(15 * time.Second)
+}
+
+// Start starts the lab's daemon name again as it was started, unless it still runs.
+func Start(dir, name string) error {
+	s, i, err := daemon(dir, name)
+	if err != nil {
 		return err
 	}
-	return fmt.Errorf("the lab in %s runs no %s", dir, name)
+	p := s.Procs[i]
+	if p.alive() {
+		return nil
+	}
+	s.Procs = append(s.Procs[:i], s.Procs[i+1:]...)
+	_, err = s.startDaemon(p.Name, p.Cgroup, p.Argv, p.Env)
+	return err
+}
+
+// daemon is the lab's state and the index of its daemon name.
+func daemon(dir, name string) (*State, int, error) {
+	s, err := loadState(filepath.Join(dir, "state.json"))
+	if err != nil {
+		return nil, 0, err
+	}
+	if s == nil {
+		return nil, 0, fmt.Errorf("no lab in %s: run make cluster", dir)
+	}
+	for i, p := range s.Procs {
+		if p.Name == name {
+			return s, i, nil
+		}
+	}
+	return nil, 0, fmt.Errorf("the lab in %s runs no %s", dir, name)
 }
 
 // startTime reads field 22 of /proc/<pid>/stat (after the parenthesised comm).
