@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -51,25 +52,52 @@ func (s *State) startDaemon(name, cgroup string, argv []string, env []string) (P
 // Restart stops the lab's daemon name (e.g. "pwlab-2-kubelet") and starts it again as
 // it was started.
 func Restart(dir, name string) error {
-	s, err := loadState(filepath.Join(dir, "state.json"))
+	if err := Stop(dir, name); err != nil {
+		return err
+	}
+	return Start(dir, name)
+}
+
+// Stop stops the lab's daemon name (SIGTERM, then SIGKILL after 15 s) and keeps it in the
+// state, so that Start brings it back as it was started (an API server outage) and Down
+// still knows it.
+func Stop(dir, name string) error {
+	_, p, err := daemon(dir, name)
 	if err != nil {
 		return err
 	}
-	if s == nil {
-		return fmt.Errorf("no lab in %s: run make cluster", dir)
-	}
-	for i, p := range s.Procs {
-		if p.Name != name {
-			continue
-		}
-		if err := p.stop(15 * time.Second); err != nil {
-			return err
-		}
-		s.Procs = append(s.Procs[:i], s.Procs[i+1:]...)
-		_, err := s.startDaemon(p.Name, p.Cgroup, p.Argv, p.Env)
+	return p.stop(15 * time.Second)
+}
+
+// Start starts the lab's daemon name again as it was started, when it is not running.
+func Start(dir, name string) error {
+	s, p, err := daemon(dir, name)
+	if err != nil {
 		return err
 	}
-	return fmt.Errorf("the lab in %s runs no %s", dir, name)
+	if p.alive() {
+		return fmt.Errorf("%s is running (pid %d): lab restart %s", name, p.Pid, name)
+	}
+	s.Procs = slices.DeleteFunc(s.Procs, func(q Proc) bool { return q.Name == name })
+	_, err = s.startDaemon(p.Name, p.Cgroup, p.Argv, p.Env)
+	return err
+}
+
+// daemon loads the lab's state and finds its daemon name.
+func daemon(dir, name string) (*State, Proc, error) {
+	s, err := loadState(filepath.Join(dir, "state.json"))
+	if err != nil {
+		return nil, Proc{}, err
+	}
+	if s == nil {
+		return nil, Proc{}, fmt.Errorf("no lab in %s: run make cluster", dir)
+	}
+	for _, p := range s.Procs {
+		if p.Name == name {
+			return s, p, nil
+		}
+	}
+	return nil, Proc{}, fmt.Errorf("the lab in %s runs no %s", dir, name)
 }
 
 // startTime reads field 22 of /proc/<pid>/stat (after the parenthesised comm).
