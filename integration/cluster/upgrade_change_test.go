@@ -155,6 +155,22 @@ func apiOutage(t *testing.T, f *fixture, d time.Duration, rep *upgradeReport) {
 		return err
 	})
 	back := time.Since(up)
+	// The agent reaches the API server through the kubernetes Service, as in-cluster
+	// clients do: the API server removed its endpoint when it stopped, and kube-proxy
+	// rejects the ClusterIP until it has watched the endpoint come back.
+	cipBack := map[string]time.Duration{}
+	eventually(t, 3*time.Minute, func() error {
+		for _, n := range p.Nodes {
+			if _, done := cipBack[n.Name]; done {
+				continue
+			}
+			if _, err := run(inNode(n, "bash", "-c", fmt.Sprintf("exec 3<>/dev/tcp/%s/443", p.ServiceAPI))...); err != nil {
+				return fmt.Errorf("node %s: the kubernetes Service %s:443: %w", n.Name, p.ServiceAPI, err)
+			}
+			cipBack[n.Name] = time.Since(up)
+		}
+		return nil
+	})
 
 	// The prober's log over the outage.
 	var ok, fail, during int
@@ -197,7 +213,10 @@ func apiOutage(t *testing.T, f *fixture, d time.Duration, rep *upgradeReport) {
 	}
 	t0 := time.Now()
 	_, route, remove := probeNode(t, f.c, p)
-	eventually(t, 2*time.Minute, func() error { return routed(p, route, true) })
+	// Bounded by client-go's reflector: while the API server is gone the agent's Node
+	// watch retries at most every [30, 60) s; the first retry after the Service is back
+	// relists.
+	eventually(t, 3*time.Minute, func() error { return routed(p, route, true) })
 	routedAfter := time.Since(t0)
 	remove()
 	eventually(t, 2*time.Minute, func() error { return routed(p, route, false) })
@@ -211,13 +230,19 @@ func apiOutage(t *testing.T, f *fixture, d time.Duration, rep *upgradeReport) {
 	for _, a := range after {
 		restarts += int(a.restarts)
 	}
+	var cips []string
+	for _, n := range p.Nodes {
+		cips = append(cips, fmt.Sprintf("%s %s", n.Name, cipBack[n.Name].Round(100*time.Millisecond)))
+	}
 	rep.add("API server stopped (SIGTERM through the lab's state; %s until it exited) and kept down for %s, answering again %s after its start: %d checks every 2 s on every node found its routes to the other nodes' pod CIDRs, "+
 		"its kubelet and its agent process in place (%d broken); a pod on %s fetching from a pod on %s every 0.5 s logged %d successes and %d failures over the outage. "+
 		"Afterwards the agents were the same containers (restart counts unchanged, %d in all), %s stayed True (transition time unchanged), "+
-		"and a Node created after the API server was back was routed on every node %s later and unrouted after its deletion "+
-		"(the wait is the agent's Node watch coming back: client-go's reflector retries with a backoff of up to 30 s, with jitter, while the API server is gone).",
+		"and a Node created after the API server was back was routed on every node %s later and unrouted after its deletion. "+
+		"The agent reaches the API server through the kubernetes Service (in-cluster config): the stopping API server removed its endpoint, kube-proxy rejected %s:443 "+
+		"until it saw the endpoint again (connectable again after the API server's start on: %s), and the agent's Node watch retries every [30, 60) s by then (client-go's reflector backoff); "+
+		"the route's wait is those two.",
 		stopTook.Round(100*time.Millisecond), outage.Round(time.Second), back.Round(100*time.Millisecond), checks*len(p.Nodes), broken, n1.Name, n2.Name, ok, fail,
-		restarts, kube.ConditionType, routedAfter.Round(10*time.Millisecond))
+		restarts, kube.ConditionType, routedAfter.Round(10*time.Millisecond), p.ServiceAPI, strings.Join(cips, ", "))
 }
 
 // killedMidInstall rolls back to the lab's own image and SIGKILLs the first new agent
@@ -315,7 +340,7 @@ func killedMidInstall(t *testing.T, f *fixture, v1, v2 build, rep *upgradeReport
 	f.run(agnhost("after1", n1.Name, nil), agnhost("after2", n2.Name, nil))
 	f.expect("after1", "curl -sS --max-time 3 http://"+f.pods["after2"].Status.PodIP+":8080/hostname", func(s string) bool { return s == "after2" }, "pod to pod after the restart")
 	rep.add("Rollback v2 → v1 with the first new agent SIGKILLed (from the machine, %s after a temporary file showed in %s's /opt/cni/bin): "+
-		"it left %s and temporary files %v; the kubelet started the container again (restarts %d), which removed the temporary files, completed the install "+
+		"it left %s and temporary files %v; the kubelet started the container again (restarts %d), which removed the temporary files (logged as swept), completed the install "+
 		"(every plugin v1 on every node, none left, conflist in place) and a new pod on each node reached the other; the rollback took %s.",
 		got.lag.Round(100*time.Microsecond), got.node.Name, strings.Join(slices.Sorted(slices.Values(residue)), " "), got.temps, killed.restarts, took.Round(time.Second))
 }

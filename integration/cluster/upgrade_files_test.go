@@ -254,14 +254,25 @@ func agentPids(netns string) map[int]bool {
 
 // killMidInstall SIGKILLs the first new podwire-agent on netns (one not in old) at the
 // moment a temporary file shows in binDir, its install's copy under way; it gives up at
-// stop or after d. It returns the killed pid and how long after the first sighting.
+// stop or after d. It returns the killed pid and how long after the sighting. The new
+// agent's pid is looked up every 10 ms before (a /proc scan takes milliseconds, a copy
+// not many more), so the kill follows the sighting at once.
 func killMidInstall(netns, binDir string, old map[int]bool, d time.Duration, stop <-chan struct{}) (int, time.Duration, error) {
 	deadline := time.Now().Add(d)
+	pid, scanned := 0, time.Time{}
 	for time.Now().Before(deadline) {
 		select {
 		case <-stop:
 			return 0, 0, fmt.Errorf("stopped")
 		default:
+		}
+		if time.Since(scanned) > 10*time.Millisecond {
+			pid, scanned = 0, time.Now()
+			for p := range agentPids(netns) {
+				if !old[p] {
+					pid = p
+				}
+			}
 		}
 		ents, err := os.ReadDir(binDir)
 		if err != nil {
@@ -271,20 +282,15 @@ func killMidInstall(netns, binDir string, old map[int]bool, d time.Duration, sto
 		for _, e := range ents {
 			temp = temp || strings.HasPrefix(e.Name(), ".")
 		}
-		if !temp {
-			time.Sleep(time.Millisecond)
+		if !temp || pid == 0 {
+			time.Sleep(200 * time.Microsecond)
 			continue
 		}
 		seen := time.Now()
-		for pid := range agentPids(netns) {
-			if old[pid] {
-				continue
-			}
-			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-				return 0, 0, fmt.Errorf("SIGKILL %d: %w", pid, err)
-			}
-			return pid, time.Since(seen), nil
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			return 0, 0, fmt.Errorf("SIGKILL %d: %w", pid, err)
 		}
+		return pid, time.Since(seen), nil
 	}
 	return 0, 0, fmt.Errorf("no new agent copied a plugin in %s within %s", binDir, d)
 }
