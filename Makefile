@@ -118,7 +118,7 @@ bench-agent:
 ## bench-upgrade: issue 28's "under change" on the running lab (make cluster first, NODES=2 for the cross-node
 ## figures): the agent rolled out to a second build under a pod churn, the API server stopped for OUTAGE (60s),
 ## the rollback with the first new agent SIGKILLed mid-install; writes its section of BENCHMARKS.md (~8 min, root).
-## CI runs the same test (TestAgentUpgrade, 20s outage) in its one-node lab.
+## CI runs the same test (TestAgentUpgrade, 20s outage) in its own lab (make test).
 bench-upgrade:
 	PODWIRE_LAB=$(LAB_DIR) PODWIRE_UPGRADE_OUTAGE=$${OUTAGE:-60s} PODWIRE_UPGRADE_OUT=$(CURDIR)/BENCHMARKS.md \
 	  $(GO) test -count=1 -p 1 -timeout 40m -run 'TestAgentUpgrade$$' -v ./integration/cluster/

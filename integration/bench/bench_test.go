@@ -149,11 +149,14 @@ func TestBench(t *testing.T) {
 			must(t, os.MkdirAll(filepath.Dir(out), 0o755), "creating the cache dir")
 		}
 	}
-	// make bench-agent's section (TestAgentScale) is its own: kept as it is.
+	// make bench-agent's section (TestAgentScale) and make bench-upgrade's
+	// (TestAgentUpgrade in integration/cluster) are their own: kept as they are.
 	if old, err := os.ReadFile(out); err == nil {
-		const begin, end = "<!-- bench-agent:begin -->", "<!-- bench-agent:end -->"
-		if i, j := bytes.Index(old, []byte(begin)), bytes.Index(old, []byte(end)); i >= 0 && j > i {
-			md = strings.TrimRight(md, "\n") + "\n\n" + string(old[i:j+len(end)]) + "\n"
+		for _, name := range []string{"bench-agent", "bench-upgrade"} {
+			begin, end := "<!-- "+name+":begin -->", "<!-- "+name+":end -->"
+			if i, j := bytes.Index(old, []byte(begin)), bytes.Index(old, []byte(end)); i >= 0 && j > i {
+				md = strings.TrimRight(md, "\n") + "\n\n" + string(old[i:j+len(end)]) + "\n"
+			}
 		}
 	}
 	if err := os.WriteFile(out, []byte(md), 0o644); err != nil {

@@ -409,7 +409,7 @@ func writeUpgradeSection(t *testing.T, path string, outage time.Duration, rep *u
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s\n## podwire-agent under change (`make bench-upgrade`)\n\n", begin)
 	fmt.Fprintf(&b, "TestAgentUpgrade in integration/cluster on the lab (`make cluster`), API server outage %s; on amd64, 2 CPUs shared with other work. "+
-		"CI runs the same test with a 20 s outage on its one-node lab.\n\n", outage)
+		"CI runs the same test with a 20 s outage in its own lab (`make test`).\n\n", outage)
 	for _, l := range rep.lines {
 		fmt.Fprintf(&b, "- %s\n", l)
 	}
