@@ -239,7 +239,7 @@ func apiOutage(t *testing.T, f *fixture, d time.Duration, rep *upgradeReport) {
 		"Afterwards the agents were the same containers (restart counts unchanged, %d in all), %s stayed True (transition time unchanged), "+
 		"and a Node created after the API server was back was routed on every node %s later and unrouted after its deletion. "+
 		"The agent reaches the API server through the kubernetes Service (in-cluster config): the stopping API server removed its endpoint, kube-proxy rejected %s:443 "+
-		"until it saw the endpoint again (connectable again after the API server's start on: %s), and the agent's Node watch retries every [30, 60) s by then (client-go's reflector backoff); "+
+		"until it saw the endpoint again (connectable again after the API server's start on: %s), and the agent's Node watch retries with a backoff that grows to [30, 60) s over a long outage (client-go's reflector); "+
 		"the route's wait is those two.",
 		stopTook.Round(100*time.Millisecond), outage.Round(time.Second), back.Round(100*time.Millisecond), checks*len(p.Nodes), broken, n1.Name, n2.Name, ok, fail,
 		restarts, kube.ConditionType, routedAfter.Round(10*time.Millisecond), p.ServiceAPI, strings.Join(cips, ", "))
@@ -342,5 +342,5 @@ func killedMidInstall(t *testing.T, f *fixture, v1, v2 build, rep *upgradeReport
 	rep.add("Rollback v2 → v1 with the first new agent SIGKILLed (from the machine, %s after a temporary file showed in %s's /opt/cni/bin): "+
 		"it left %s and temporary files %v; the kubelet started the container again (restarts %d), which removed the temporary files (logged as swept), completed the install "+
 		"(every plugin v1 on every node, none left, conflist in place) and a new pod on each node reached the other; the rollback took %s.",
-		got.lag.Round(100*time.Microsecond), got.node.Name, strings.Join(slices.Sorted(slices.Values(residue)), " "), got.temps, killed.restarts, took.Round(time.Second))
+		got.lag.Round(time.Microsecond), got.node.Name, strings.Join(slices.Sorted(slices.Values(residue)), " "), got.temps, killed.restarts, took.Round(time.Second))
 }

@@ -146,6 +146,7 @@ type churnStats struct {
 	mu               sync.Mutex
 	created, deleted int
 	names            []string
+	createdAt        []time.Time
 	addLat, delLat   []time.Duration
 	failures         []string
 }
@@ -177,6 +178,7 @@ func churn(c *kubernetes.Clientset, ns, node string, worker int, stop <-chan str
 		st.mu.Lock()
 		st.created++
 		st.names = append(st.names, name)
+		st.createdAt = append(st.createdAt, t0)
 		st.mu.Unlock()
 		running := false
 		for time.Since(t0) < 2*time.Minute {
@@ -253,6 +255,7 @@ func rollUnderChurn(t *testing.T, f *fixture, v1, v2 build, rep *upgradeReport) 
 	}
 	// The loop runs before, through and after the rollout.
 	time.Sleep(10 * time.Second)
+	rollStart := time.Now()
 	took := setAgentImage(t, p, upgradeImage)
 	time.Sleep(10 * time.Second)
 	close(stopChurn)
@@ -265,6 +268,12 @@ func rollUnderChurn(t *testing.T, f *fixture, v1, v2 build, rep *upgradeReport) 
 	}
 	if st.created == 0 || st.deleted != st.created {
 		t.Errorf("churn: %d pods created, %d deleted", st.created, st.deleted)
+	}
+	during := 0
+	for _, at := range st.createdAt {
+		if !at.Before(rollStart) && at.Before(rollStart.Add(took)) {
+			during++
+		}
 	}
 	warnings := warningEvents(t, f)
 	for _, w := range warnings {
@@ -298,10 +307,10 @@ func rollUnderChurn(t *testing.T, f *fixture, v1, v2 build, rep *upgradeReport) 
 	}
 	rep.add("Rolling upgrade v1 → v2 (`kubectl set image`, RollingUpdate maxUnavailable 1): rollout took %s; "+
 		"the churn (2 loops per node, each creating a pod, waiting for it to run with an address, deleting it and waiting until it is gone, "+
-		"from 10 s before the rollout to 10 s after it) created %d pods and deleted %d; failures %d; Warning events in its namespace %d "+
+		"from 10 s before the rollout to 10 s after it) created %d pods (%d of them while the rollout ran) and deleted %d; failures %d; Warning events in its namespace %d "+
 		"(FailedCreatePodSandBox, FailedKillPod, ...); containerd error lines about CNI or the loop's pods %d. "+
 		"Pod start (create to Running with an IP) p50 %s, max %s; deletion (delete to gone) p50 %s, max %s.",
-		took.Round(time.Second), st.created, st.deleted, len(st.failures), len(warnings), cniErrs,
+		took.Round(time.Second), st.created, during, st.deleted, len(st.failures), len(warnings), cniErrs,
 		pct(st.addLat, 0.5), pct(st.addLat, 1), pct(st.delLat, 0.5), pct(st.delLat, 1))
 	rep.add("/opt/cni/bin sampled during it (each file hashed whenever its inode, size or mtime changed; each plugin executed every second): %s. "+
 		"After the rollout every plugin file is v2 and no temporary file is left.", strings.Join(sampled, "; "))
