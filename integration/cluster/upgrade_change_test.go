@@ -237,7 +237,7 @@ func apiOutage(t *testing.T, f *fixture, d time.Duration, rep *upgradeReport) {
 	rep.add("API server stopped (SIGTERM through the lab's state; %s until it exited) and kept down for %s, answering again %s after its start: %d checks every 2 s on every node found its routes to the other nodes' pod CIDRs, "+
 		"its kubelet and its agent process in place (%d broken); a pod on %s fetching from a pod on %s every 0.5 s logged %d successes and %d failures over the outage. "+
 		"Afterwards the agents were the same containers (restart counts unchanged, %d in all), %s stayed True (transition time unchanged), "+
-		"and a Node created after the API server was back was routed on every node %s later and unrouted after its deletion. "+
+		"and a Node created once the Service connected again from every node was routed on every node %s later and unrouted after its deletion. "+
 		"The agent reaches the API server through the kubernetes Service (in-cluster config): the stopping API server removed its endpoint, kube-proxy rejected %s:443 "+
 		"until it saw the endpoint again (connectable again after the API server's start on: %s), and the agent's Node watch retries with a backoff that grows to [30, 60) s over a long outage (client-go's reflector); "+
 		"the route's wait is those two.",
