@@ -35,7 +35,7 @@ DIST_GOENV  = CGO_ENABLED=0 GOOS=linux GOFLAGS="$(DIST_GOFLAGS)" GOAMD64=v1 GOAR
 # Every file in the tarballs gets the commit's time (reproducible-builds.org's variable).
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 
-.PHONY: all build test unit-test integration-test vet install clean bench bench-quick bench-agent dist notice image fuzz stress demo cluster cluster-down cluster-check conformance bench-startup
+.PHONY: all build test unit-test integration-test vet install clean bench bench-quick bench-agent dist notice image fuzz stress demo cluster cluster-down cluster-check conformance bench-startup bench-upgrade
 
 all: build
 
@@ -114,6 +114,14 @@ bench:
 bench-agent:
 	PODWIRE_AGENT_BENCH_NODES=$${NODES:-2000} PODWIRE_AGENT_BENCH_AGENTS=$${AGENTS:-3} PODWIRE_AGENT_BENCH_WINDOW=$${WINDOW:-60} \
 	PODWIRE_AGENT_BENCH_OUT=$(CURDIR)/BENCHMARKS.md $(GO) test -count=1 -p 1 -timeout 30m -run 'TestAgentScale$$' -v ./integration/
+
+## bench-upgrade: issue 28's "under change" on the running lab (make cluster first, NODES=2 for the cross-node
+## figures): the agent rolled out to a second build under a pod churn, the API server stopped for OUTAGE (60s),
+## the rollback with the first new agent SIGKILLed mid-install; writes its section of BENCHMARKS.md (~8 min, root).
+## CI runs the same test (TestAgentUpgrade, 20s outage) in its own lab (make test).
+bench-upgrade:
+	PODWIRE_LAB=$(LAB_DIR) PODWIRE_UPGRADE_OUTAGE=$${OUTAGE:-60s} PODWIRE_UPGRADE_OUT=$(CURDIR)/BENCHMARKS.md \
+	  $(GO) test -count=1 -p 1 -timeout 40m -run 'TestAgentUpgrade$$' -v ./integration/cluster/
 
 ## bench-quick: a ~1 minute subset of bench
 bench-quick:

@@ -6,6 +6,7 @@
 //	go run ./integration/cluster/lab up      # PROXY_MODE=iptables|nftables NODES=1|2 LAB_DIR=/tmp/podwire-lab RUNTIMES=containerd,crio
 //	go run ./integration/cluster/lab down
 //	go run ./integration/cluster/lab restart pwlab-2-kubelet   # one daemon, as it was started
+//	go run ./integration/cluster/lab stop kube-apiserver       # stop one (an outage); start brings it back
 //	go run ./integration/cluster/lab snapshot > before.txt   # the machine's state the lab must leave as it was
 package main
 
@@ -25,7 +26,7 @@ import (
 
 func main() {
 	flag.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: lab up|down|restart NAME|snapshot   (environment: PROXY_MODE, NODES, LAB_DIR, RUNTIMES, LAB_E2E=0)")
+		fmt.Fprintln(os.Stderr, "usage: lab up|down|restart NAME|stop NAME|start NAME|snapshot   (environment: PROXY_MODE, NODES, LAB_DIR, RUNTIMES, LAB_E2E=0)")
 	}
 	flag.Parse()
 	if err := runCmd(flag.Arg(0)); err != nil {
@@ -89,6 +90,10 @@ func runCmd(verb string) error {
 	case "restart":
 		// One daemon, by its name in the state file: lab restart pwlab-2-kube-proxy.
 		return cluster.Restart(c.Dir, flag.Arg(1))
+	case "stop":
+		return cluster.Stop(c.Dir, flag.Arg(1))
+	case "start":
+		return cluster.Start(c.Dir, flag.Arg(1))
 	case "snapshot":
 		snap, err := cluster.MachineSnapshot(c.Prefix, c.Dir)
 		if err != nil {

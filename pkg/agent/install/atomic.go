@@ -13,6 +13,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
 // hashFile returns the hex SHA-256 of path's content; a missing file is ("", nil).
@@ -49,7 +50,7 @@ func writeAtomic(path string, r io.Reader, mode os.FileMode) error {
 	if _, err := rand.Read(rnd[:]); err != nil {
 		return err
 	}
-	tmp := filepath.Join(dir, "."+filepath.Base(path)+".podwire-"+hex.EncodeToString(rnd[:]))
+	tmp := filepath.Join(dir, "."+filepath.Base(path)+tempInfix+hex.EncodeToString(rnd[:]))
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return fmt.Errorf("creating a temporary file in %s (is it mounted read-write into the agent?): %w", dir, err)
@@ -78,6 +79,56 @@ func writeAtomic(path string, r io.Reader, mode os.FileMode) error {
 	}
 	done = true
 	return syncDir(dir)
+}
+
+// tempInfix marks writeAtomic's temporary files: "." + the target's name + tempInfix + 12
+// hex digits.
+const tempInfix = ".podwire-"
+
+// isTemp reports whether name is one of writeAtomic's temporary files.
+func isTemp(name string) bool {
+	i := strings.LastIndex(name, tempInfix)
+	if len(name) < 2 || name[0] != '.' || i < 1 {
+		return false
+	}
+	suffix := name[i+len(tempInfix):]
+	if len(suffix) != 12 {
+		return false
+	}
+	_, err := hex.DecodeString(suffix)
+	return err == nil
+}
+
+// removeTemps removes the temporary files a killed writer left in dir (SIGKILL, a node
+// losing power between create and rename): nothing else removes them, and each is as
+// large as a plugin. Only one agent writes a node's directories at a time (the
+// DaemonSet's rolling update stops the old pod before it starts the new one), so a
+// temporary file found here at start is never one being written. A missing dir has none.
+func removeTemps(dir string) ([]string, error) {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var gone []string
+	var errs []error
+	for _, e := range ents {
+		if !e.Type().IsRegular() || !isTemp(e.Name()) {
+			continue
+		}
+		p := filepath.Join(dir, e.Name())
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("removing the leftover temporary file %s: %w", p, err))
+			continue
+		}
+		gone = append(gone, p)
+	}
+	if len(gone) > 0 {
+		errs = append(errs, syncDir(dir))
+	}
+	return gone, errors.Join(errs...)
 }
 
 // writeFileAtomic is writeAtomic for bytes in memory.

@@ -51,6 +51,9 @@ type Installer struct {
 	// the source dir is a build's bin/).
 	Skip []string
 	m    Manifest
+	// swept are the directories whose leftover temporary files are already removed
+	// (once per Installer: a start of the agent).
+	swept map[string]bool
 }
 
 // New loads the manifest from stateDir (none yet is an empty manifest).
@@ -108,6 +111,8 @@ const (
 	Removed   Action = "removed"
 	Kept      Action = "kept" // uninstall: content changed since we wrote it, left alone
 	Restored  Action = "restored"
+	// Swept: a temporary file a killed install left (its Path), removed.
+	Swept Action = "swept"
 )
 
 // Result is one file's outcome.
@@ -175,8 +180,31 @@ func (in *Installer) place(dst, src string, b []byte, kind Kind, mode os.FileMod
 	return Result{dst, action}, nil
 }
 
+// sweep removes dir's leftover temporary files, the first time it is asked for dir.
+func (in *Installer) sweep(dir string) ([]Result, error) {
+	if in.swept[dir] {
+		return nil, nil
+	}
+	gone, err := removeTemps(dir)
+	var out []Result
+	for _, p := range gone {
+		out = append(out, Result{p, Swept})
+	}
+	if err == nil {
+		if in.swept == nil {
+			in.swept = map[string]bool{}
+		}
+		in.swept[dir] = true
+	}
+	return out, err
+}
+
 // Binaries copies every regular file of srcDir into binDir. It saves the manifest even
-// when a file fails, so what was written stays recorded.
+// when a file fails, so what was written stays recorded. The first call also removes
+// the temporary files an install killed midway left in binDir and the state dir; the
+// binaries such an install did not rename into place yet are copied again, since their
+// content is not the wanted one (a file it never reached is still the old version, one
+// missing is written anew).
 func (in *Installer) Binaries(srcDir, binDir string) ([]Result, error) {
 	ents, err := os.ReadDir(srcDir)
 	if err != nil {
@@ -187,6 +215,13 @@ func (in *Installer) Binaries(srcDir, binDir string) ([]Result, error) {
 	}
 	var out []Result
 	var errs []error
+	for _, dir := range []string{binDir, in.StateDir} {
+		rs, err := in.sweep(dir)
+		out = append(out, rs...)
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
 	for _, de := range ents {
 		if !de.Type().IsRegular() || slices.Contains(in.Skip, de.Name()) || de.Name()[0] == '.' {
 			continue
@@ -210,6 +245,9 @@ func (in *Installer) Conflist(path string, b []byte) (Result, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return Result{}, fmt.Errorf("creating %s: %w", filepath.Dir(path), err)
 	}
+	// A leftover temporary conflist is never loaded (libcni reads .conf, .conflist and
+	// .json only) but is removed all the same; an error here does not stop the write.
+	_, _ = in.sweep(filepath.Dir(path))
 	r, err := in.place(path, "", b, Conflist, 0o644)
 	if err != nil {
 		return r, fmt.Errorf("writing the conflist %s: %w", path, err)

@@ -5,6 +5,7 @@ package install
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"sort"
 	"testing"
 )
@@ -186,4 +187,76 @@ func equalS(a, b []string) bool {
 		}
 	}
 	return true
+}
+
+// TestKilledInstallCompletes is what an agent SIGKILLed mid-install leaves (a partial
+// temporary file, one plugin renamed into place, one still the old version, one never
+// written) and the next start: every plugin current, no temporary file left.
+func TestKilledInstallCompletes(t *testing.T) {
+	root := t.TempDir()
+	src, bin, state := filepath.Join(root, "src"), filepath.Join(root, "bin"), filepath.Join(root, "state")
+	for _, p := range []string{"bridge", "host-local", "portmap"} {
+		write(t, filepath.Join(src, p), p+" v1")
+	}
+	in, err := New(state, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := in.Binaries(src, bin); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"bridge", "host-local", "portmap"} {
+		write(t, filepath.Join(src, p), p+" v2")
+	}
+	// The killed v2 install: bridge renamed into place (the manifest not saved yet),
+	// host-local half-copied into its temporary file, portmap removed by someone.
+	write(t, filepath.Join(bin, "bridge"), "bridge v2")
+	write(t, filepath.Join(bin, ".host-local.podwire-0123456789ab"), "host-lo")
+	write(t, filepath.Join(state, ".manifest.json.podwire-ba9876543210"), "{")
+	write(t, filepath.Join(bin, ".other.podwire-tmp"), "not ours") // not our pattern: kept
+	if err := os.Remove(filepath.Join(bin, "portmap")); err != nil {
+		t.Fatal(err)
+	}
+
+	in, err = New(state, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := in.Binaries(src, bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]Action{"bridge": Unchanged, "host-local": Installed, "portmap": Installed,
+		".host-local.podwire-0123456789ab": Swept, ".manifest.json.podwire-ba9876543210": Swept}
+	if got := actions(rs); !reflect.DeepEqual(got, want) {
+		t.Errorf("actions: got %v, want %v", got, want)
+	}
+	for _, p := range []string{"bridge", "host-local", "portmap"} {
+		if got := read(t, filepath.Join(bin, p)); got != p+" v2" {
+			t.Errorf("%s: got %q, want %q", p, got, p+" v2")
+		}
+	}
+	if got := dirNames(t, bin); !reflect.DeepEqual(got, []string{".other.podwire-tmp", "bridge", "host-local", "portmap"}) {
+		t.Errorf("bin dir after the next start: %v", got)
+	}
+	if got := dirNames(t, state); !reflect.DeepEqual(got, []string{"manifest.json"}) {
+		t.Errorf("state dir after the next start: %v", got)
+	}
+	// The sweep is once per start: a second call finds nothing to do.
+	rs, err = in.Binaries(src, bin)
+	if err != nil || len(rs) != 3 {
+		t.Errorf("second Binaries: %v %v", rs, err)
+	}
+}
+
+func TestIsTemp(t *testing.T) {
+	for name, want := range map[string]bool{
+		".bridge.podwire-0123456789ab": true, ".10-podwire.conflist.podwire-abcdefabcdef": true,
+		"bridge": false, ".bridge.podwire-0123": false, "bridge.podwire-0123456789ab": false,
+		".bridge.podwire-0123456789xy": false, ".podwire-0123456789ab": false,
+	} {
+		if got := isTemp(name); got != want {
+			t.Errorf("isTemp(%q) = %v, want %v", name, got, want)
+		}
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -110,7 +111,7 @@ func PatchCondition(ctx context.Context, c kubernetes.Interface, current *corev1
 	}
 	name := current.Name
 	if _, err := c.CoreV1().Nodes().Patch(ctx, name, types.StrategicMergePatchType, b, metav1.PatchOptions{}, "status"); err != nil {
-		return fmt.Errorf("patching node %s's %s condition (the agent's ClusterRole needs patch on nodes/status): %w", name, ConditionType, err)
+		return fmt.Errorf("patching node %s's %s condition%s: %w", name, ConditionType, rbacHint(err, "patch on nodes/status"), err)
 	}
 	return nil
 }
@@ -143,7 +144,16 @@ func PatchAnnotation(ctx context.Context, c kubernetes.Interface, node, key, val
 		return err
 	}
 	if _, err := c.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, b, metav1.PatchOptions{}); err != nil {
-		return fmt.Errorf("patching node %s's annotation %s (the agent's ClusterRole needs patch on nodes): %w", node, key, err)
+		return fmt.Errorf("patching node %s's annotation %s%s: %w", node, key, rbacHint(err, "patch on nodes"), err)
 	}
 	return nil
+}
+
+// rbacHint names the permission a refused request needs; other failures (the API server
+// unreachable, a conflict) get none, which would send the operator the wrong way.
+func rbacHint(err error, perm string) string {
+	if apierrors.IsForbidden(err) {
+		return " (the agent's ClusterRole needs " + perm + ")"
+	}
+	return ""
 }

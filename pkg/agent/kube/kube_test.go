@@ -4,11 +4,15 @@ package kube
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
 )
 
@@ -86,5 +90,18 @@ func TestNeedsPatch(t *testing.T) {
 	}
 	if !NeedsPatch(n, Condition{Ready: true, Reason: "StatusOK", Message: "other"}) {
 		t.Error("changed message: patch")
+	}
+}
+
+// TestRBACHint: only a refusal names the missing permission; an unreachable API server
+// (an outage) must not send the operator to the ClusterRole.
+func TestRBACHint(t *testing.T) {
+	forbidden := apierrors.NewForbidden(schema.GroupResource{Resource: "nodes"}, "n1", errors.New("no"))
+	if got := rbacHint(forbidden, "patch on nodes"); got != " (the agent's ClusterRole needs patch on nodes)" {
+		t.Errorf("forbidden: %q", got)
+	}
+	refused := fmt.Errorf("dial tcp 10.96.0.1:443: connect: connection refused")
+	if got := rbacHint(refused, "patch on nodes"); got != "" {
+		t.Errorf("connection refused: %q", got)
 	}
 }

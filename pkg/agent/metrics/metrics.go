@@ -45,7 +45,7 @@ func New() *Metrics {
 	m.GCReclaimed = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "gc_reclaimed_total",
 		Help: "Objects GC reclaimed, by kind (lease, attachment, veth, ifb, rule: one attachment's netfilter rules in one layout, runtime-attachment: a libcni cache entry in one of the runtime's other networks, such as containerd's cni-loopback)."}, []string{"kind"})
 	m.InstallEvents = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "install_events_total",
-		Help: "Files the installer handled, by result (installed, unchanged, foreign, replaced, error)."}, []string{"result"})
+		Help: "Files the installer handled, by result (installed, unchanged, foreign, replaced, swept: a temporary file a killed install left, error)."}, []string{"result"})
 	m.RouteSync = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "route_sync_total",
 		Help: "Route syncs by result (success, error)."}, []string{"result"})
 	m.Routes = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "routes",
