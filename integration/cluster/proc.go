@@ -58,46 +58,46 @@ func Restart(dir, name string) error {
 	return Start(dir, name)
 }
 
-// Stop stops the lab's daemon name and leaves it stopped (its entry stays in the state,
-// so Start, Restart or Down find it): a test stops a kubelet to act behind its back.
+// Stop stops the lab's daemon name (SIGTERM, then SIGKILL after 15 s) and keeps it in the
+// state, so that Start brings it back as it was started (an API server outage) and Down
+// still knows it.
 func Stop(dir, name string) error {
-	s, i, err := daemon(dir, name)
+	_, p, err := daemon(dir, name)
 	if err != nil {
 		return err
 	}
-	return s.Procs[i].stop(15 * time.Second)
+	return p.stop(15 * time.Second)
 }
 
-// Start starts the lab's daemon name again as it was started, unless it still runs.
+// Start starts the lab's daemon name again as it was started, when it is not running.
 func Start(dir, name string) error {
-	s, i, err := daemon(dir, name)
+	s, p, err := daemon(dir, name)
 	if err != nil {
 		return err
 	}
-	p := s.Procs[i]
 	if p.alive() {
-		return nil
+		return fmt.Errorf("%s is running (pid %d): lab restart %s", name, p.Pid, name)
 	}
-	s.Procs = append(s.Procs[:i], s.Procs[i+1:]...)
+	s.Procs = slices.DeleteFunc(s.Procs, func(q Proc) bool { return q.Name == name })
 	_, err = s.startDaemon(p.Name, p.Cgroup, p.Argv, p.Env)
 	return err
 }
 
-// daemon is the lab's state and the index of its daemon name.
-func daemon(dir, name string) (*State, int, error) {
+// daemon loads the lab's state and finds its daemon name.
+func daemon(dir, name string) (*State, Proc, error) {
 	s, err := loadState(filepath.Join(dir, "state.json"))
 	if err != nil {
-		return nil, 0, err
+		return nil, Proc{}, err
 	}
 	if s == nil {
-		return nil, 0, fmt.Errorf("no lab in %s: run make cluster", dir)
+		return nil, Proc{}, fmt.Errorf("no lab in %s: run make cluster", dir)
 	}
-	for i, p := range s.Procs {
+	for _, p := range s.Procs {
 		if p.Name == name {
-			return s, i, nil
+			return s, p, nil
 		}
 	}
-	return nil, 0, fmt.Errorf("the lab in %s runs no %s", dir, name)
+	return nil, Proc{}, fmt.Errorf("the lab in %s runs no %s", dir, name)
 }
 
 // startTime reads field 22 of /proc/<pid>/stat (after the parenthesised comm).

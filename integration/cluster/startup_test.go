@@ -83,7 +83,7 @@ func TestPodStartup(t *testing.T) {
 		l := results[set]
 		slices.Sort(l)
 		table += fmt.Sprintf("| %s %s | %d (%d rounds of %d) | %s | %s | %s |\n", set, map[string]string{"podwire": "(this commit)", "reference": referenceVersion}[set],
-			len(l), rounds, pods, pct(l, 50), pct(l, 99), slices.Max(walls[set]).Round(10*time.Millisecond))
+			len(l), rounds, pods, startupPct(l, 50), startupPct(l, 99), slices.Max(walls[set]).Round(10*time.Millisecond))
 	}
 	t.Logf("pod startup:\n%s", table)
 	if full {
@@ -307,8 +307,8 @@ func copyPlugins(src, dst string) error {
 	return nil
 }
 
-// pct is the p-th percentile of sorted (nearest rank).
-func pct(sorted []time.Duration, p int) string {
+// startupPct is the p-th percentile of sorted (nearest rank).
+func startupPct(sorted []time.Duration, p int) string {
 	if len(sorted) == 0 {
 		return "-"
 	}
